@@ -1,0 +1,58 @@
+# dflash-lifecycle: deploy, stop and relaunch a DFlash training run in Proxmox LXC containers.
+# `make help` lists the targets.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PYTHON ?= python3
+INVENTORY ?= inventory/testbed
+TESTBED_INVENTORY ?= inventory/testbed
+HOST ?= all
+PYTEST_ARGS ?=
+
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
+
+.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@echo "  variables: INVENTORY=$(INVENTORY) HOST=$(HOST) VENV=$(VENV)"
+
+setup: host-packages venv ## install the Debian packages and the Python venv (idempotent)
+
+host-packages: ## apt: lxc, tini, openssh-server, python3 ... (only what is missing)
+	@tests/testbed/install-host-packages.sh
+
+venv: $(VENV)/.installed ## the controller's venv from requirements.txt
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+testbed-up: setup ## bring up the local testbed (2 sshd nodes on loopback, 4 LXC CTs)
+	$(TESTBED) up
+
+testbed-down: venv ## remove everything the testbed created
+	$(TESTBED) down
+
+testbed-status: venv ## nodes, CTs and pct invocation counts of the testbed
+	$(TESTBED) status
+
+demo: testbed-up ## the main job against the testbed: seed CT 200 with a running trainer, then redeploy
+	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) playbooks/testbed_seed.yml
+	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
+
+ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
+	$(BIN)/ansible -i $(INVENTORY) '$(HOST)' -m ansible.builtin.ping
+
+test: setup ## unit and integration tests (brings the testbed up, and down if it was not up)
+	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+
+lint: venv ## ansible-lint (production profile)
+	$(BIN)/ansible-lint --offline --profile production

@@ -1,0 +1,86 @@
+"""Shared fixtures: the repository's venv tools and the local testbed."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.join(TESTS, "testbed"))
+
+
+def _install_collection_loader():
+    """Make ansible_collections.dflash.* importable for unit tests, as ansible-test does."""
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+    _AnsibleCollectionFinder(paths=[os.path.join(REPO, "collections")])._install()
+
+
+_install_collection_loader()
+
+import testbed as testbed_mod  # noqa: E402
+
+TRAINER = os.path.join(TESTS, "testbed", "example_trainer", "train_dflash_pipeline.py")
+
+
+def tool_env():
+    env = dict(os.environ)
+    env["PATH"] = BIN + os.pathsep + env["PATH"]
+    env["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+    env.setdefault("ANSIBLE_NOCOLOR", "1")
+    return env
+
+
+def run_tool(args, check=True, **kwargs):
+    res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True,
+                         check=False, **kwargs)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{args} exited {res.returncode}\n{res.stdout}\n{res.stderr}")
+    return res
+
+
+class LiveTestbed:
+    """The default testbed (inventory/testbed) plus helpers to reach its nodes."""
+
+    def __init__(self, bed):
+        self.bed = bed
+
+    def ssh(self, node, command, input=None, check=False, timeout=60):
+        spec = self.bed.nodes[node]
+        args = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.bed.known_hosts}",
+                "-o", "IdentitiesOnly=yes", "-i", self.bed.key, "-p", str(spec["port"]),
+                f"root@{spec['address']}", command]
+        res = subprocess.run(args, input=input, capture_output=True, check=False, timeout=timeout,
+                             text=isinstance(input, str) or input is None)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{command!r} on {node}: rc={res.returncode}\n{res.stderr}")
+        return res
+
+    def pct_invocations(self, node):
+        path = os.path.join(self.bed.node_dir(node), "pct-invocations.log")
+        if not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle]
+
+    def ansible(self, *args, check=True):
+        return run_tool([os.path.join(BIN, "ansible"), *args], check=check)
+
+    def playbook(self, *args, check=True):
+        return run_tool([os.path.join(BIN, "ansible-playbook"), *args], check=check)
+
+
+@pytest.fixture(scope="session")
+def testbed():
+    bed = testbed_mod.Testbed()
+    was_up = os.path.isdir(bed.state_dir) and all(
+        bed.sshd_pid(name) for name in bed.nodes)
+    bed.up()
+    try:
+        yield LiveTestbed(bed)
+    finally:
+        if not was_up:  # a testbed someone else brought up (make demo) stays up
+            bed.down()

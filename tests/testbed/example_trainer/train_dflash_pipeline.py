@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Example DFlash drafter trainer for the testbed and the demo (the real one is the user's).
+
+It takes the real trainer's full command line and behaves like it where the
+lifecycle tooling can see: a real (small, pure-Python) training loop that logs
+``tok/s`` and per-stage timings, atomic checkpoints (``step_N/`` written under a
+temporary name and renamed, then a ``latest`` pointer) at ``--save-interval``
+steps and in its KeyboardInterrupt handler, resume from the latest checkpoint,
+and open handles on the GPUs' device nodes (``/dev/nvidiaN``) while it runs.
+
+The model is a bigram softmax over a small vocabulary, trained by SGD on token
+sequences read from ``--data-dir`` (bytes of its files) or, when it holds none,
+on a fixed synthetic corpus.  It learns: the loss goes down.
+
+Test-only misbehaviour switches (environment variables; never set in production):
+
+  DFLASH_TEST_IGNORE_SIGINT=1         SIGINT ignored (as after a nohup/& launch)
+  DFLASH_TEST_IGNORE_SIGTERM=1        SIGTERM ignored
+  DFLASH_TEST_BLOCK_IN_C_SECONDS=N    every step makes one C-level call lasting N s; a
+                                      signal is handled only when it returns
+  DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=N  a checkpoint takes N s to write, growing a file
+  DFLASH_TEST_WORKERS=N               start N worker child processes (like DataLoader
+                                      workers: SIGINT ignored, they hold the GPUs too)
+  DFLASH_TEST_ORPHAN_WORKERS=1        workers outlive the trainer (reparented orphans)
+  DFLASH_TEST_CRASH_AT_START=1        fail right after start-up, exit status 1
+
+Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
+DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
+"""
+
+import argparse
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import time
+
+VOCAB = 32
+EXIT_INTERRUPTED = 130
+
+
+def gpu_list(text):
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of GPU ids: {text!r}")
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"GPU ids must be distinct and >= 0: {text!r}")
+    return ids
+
+
+def bool_flag(text):
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {text!r}")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="DFlash drafter training (example)")
+    p.add_argument("--target-model", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--target-gpus", type=gpu_list, required=True)
+    p.add_argument("--drafter-gpus", type=gpu_list, required=True)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--token-budget", type=int, default=4096)
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-anchors", type=int, default=8)
+    p.add_argument("--num-draft-layers", type=int, default=1)
+    p.add_argument("--gamma", type=float, default=7.0)
+    p.add_argument("--noise-start", type=float, default=0.0)
+    p.add_argument("--noise-end", type=float, default=0.0)
+    p.add_argument("--noise-type", choices=("uniform", "gaussian", "none"), default="none")
+    p.add_argument("--use-soft-labels", type=bool_flag, nargs="?", const=True, default=False)
+    p.add_argument("--profile-interval", type=int,
+                   default=int(os.environ.get("DFLASH_PROFILE_INTERVAL", "50")))
+    p.add_argument("--resume", nargs="?", const="latest", default=None,
+                   help="resume from a checkpoint dir, or the latest one in --output-dir")
+    p.add_argument("--save-interval", type=int, default=1000, help="steps between checkpoints")
+    p.add_argument("--steps-per-epoch", type=int, default=2000)
+    args = p.parse_args(argv)
+    if set(args.target_gpus) & set(args.drafter_gpus):
+        p.error("--target-gpus and --drafter-gpus overlap")
+    if args.max_seq_len % args.block_size:
+        p.error("--max-seq-len must be a multiple of --block-size")
+    return args
+
+
+def log(message):
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
+
+
+def load_corpus(data_dir):
+    data = bytearray()
+    for path in sorted(glob.glob(os.path.join(data_dir, "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                data += handle.read(1 << 20)
+    if len(data) < 64:
+        rng = random.Random(7)  # a learnable synthetic language: mostly +1 successors
+        tok, data = 0, bytearray()
+        for _ in range(20000):
+            tok = (tok + 1) % VOCAB if rng.random() < 0.8 else rng.randrange(VOCAB)
+            data.append(tok)
+    return [b % VOCAB for b in data]
+
+
+class Model:
+    def __init__(self):
+        self.weights = [[0.0] * VOCAB for _ in range(VOCAB)]
+
+    def step(self, batch, lr, weight_decay, grad_clip):
+        grads = {}
+        loss = 0.0
+        count = 0
+        for seq in batch:
+            for prev, nxt in zip(seq, seq[1:]):
+                row = self.weights[prev]
+                peak = max(row)
+                exps = [math.exp(v - peak) for v in row]
+                total = sum(exps)
+                loss -= math.log(exps[nxt] / total)
+                grad = grads.setdefault(prev, [0.0] * VOCAB)
+                for j in range(VOCAB):
+                    grad[j] += exps[j] / total - (1.0 if j == nxt else 0.0)
+                count += 1
+        norm = math.sqrt(sum(g * g for grad in grads.values() for g in grad)) / max(count, 1)
+        scale = min(1.0, grad_clip / norm) if norm > 0 else 1.0
+        for prev, grad in grads.items():
+            row = self.weights[prev]
+            for j in range(VOCAB):
+                row[j] -= lr * (scale * grad[j] / max(count, 1) + weight_decay * row[j])
+        return loss / max(count, 1), count
+
+
+def checkpoint_dirs(output_dir):
+    found = []
+    for path in glob.glob(os.path.join(output_dir, "step_*")):
+        suffix = os.path.basename(path)[5:]
+        if suffix.isdigit() and os.path.exists(os.path.join(path, "COMPLETE")):
+            found.append((int(suffix), path))
+    return sorted(found)
+
+
+def latest_checkpoint(output_dir):
+    pointer = os.path.join(output_dir, "latest")
+    if os.path.exists(pointer):
+        with open(pointer, encoding="utf-8") as handle:
+            path = os.path.join(output_dir, handle.read().strip())
+        if os.path.exists(os.path.join(path, "COMPLETE")):
+            return path
+    found = checkpoint_dirs(output_dir)
+    return found[-1][1] if found else None
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(output_dir, model, state, reason):
+    """step_N/ appears complete or not at all: written as .tmp-..., then renamed."""
+    step = state["step"]
+    final = os.path.join(output_dir, f"step_{step}")
+    if os.path.exists(os.path.join(final, "COMPLETE")):
+        return final
+    tmp = os.path.join(output_dir, f".tmp-step_{step}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    slow = float(os.environ.get("DFLASH_TEST_SLOW_CHECKPOINT_SECONDS", "0"))
+    if slow > 0:  # test switch: a big optimizer state written slowly
+        deadline = time.monotonic() + slow
+        with open(os.path.join(tmp, "optimizer.bin"), "wb") as handle:
+            while time.monotonic() < deadline:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+                time.sleep(0.05)
+    with open(os.path.join(tmp, "model.json"), "w", encoding="utf-8") as handle:
+        json.dump({"weights": model.weights}, handle)
+    with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as handle:
+        json.dump({**state, "reason": reason, "saved_at": time.time()}, handle)
+    with open(os.path.join(tmp, "COMPLETE"), "w", encoding="utf-8") as handle:
+        handle.write(f"{step}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    pointer_tmp = os.path.join(output_dir, f".latest.tmp-{os.getpid()}")
+    with open(pointer_tmp, "w", encoding="utf-8") as handle:
+        handle.write(f"step_{step}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(pointer_tmp, os.path.join(output_dir, "latest"))
+    fsync_dir(output_dir)
+    log(f"checkpoint saved: {final} (step {step}, {reason})")
+    return final
+
+
+def load_checkpoint(path, model):
+    with open(os.path.join(path, "model.json"), encoding="utf-8") as handle:
+        model.weights = json.load(handle)["weights"]
+    with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as handle:
+        state = json.load(handle)
+    return {"step": state["step"], "epoch": state["epoch"], "tokens": state["tokens"]}
+
+
+def open_gpus(gpus):
+    """Hold the device nodes open as a CUDA process does (present in testbed CTs)."""
+    handles = []
+    for gpu in gpus:
+        path = f"/dev/nvidia{gpu}"
+        if os.path.exists(path):
+            handles.append(open(path, "rb"))  # noqa: SIM115 - held for the process lifetime
+    return handles
+
+
+def start_workers(count, orphan):
+    pids = []
+    for index in range(count):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles ^C
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            parent = os.getppid()
+            held = open_gpus([index])  # noqa: F841 - kept open until exit
+            while orphan or os.getppid() == parent:
+                time.sleep(0.2)
+            os._exit(0)
+        pids.append(pid)
+    return pids
+
+
+def stop_workers(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def block_in_c(seconds, calibration):
+    """One long C-level call (think NCCL all-reduce): Python signal handlers wait."""
+    if seconds > 0:
+        hashlib.pbkdf2_hmac("sha256", b"dflash", b"salt", max(1, int(seconds * calibration)))
+
+
+def calibrate_c_call():
+    rounds = 20000
+    begin = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"dflash", b"salt", rounds)
+    return rounds / max(time.perf_counter() - begin, 1e-6)
+
+
+def train(args):
+    env = os.environ
+    if env.get("DFLASH_TEST_IGNORE_SIGINT") == "1":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if env.get("DFLASH_TEST_IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.makedirs(args.output_dir, exist_ok=True)
+    log(f"DFlash trainer pid={os.getpid()} target_gpus={args.target_gpus} "
+        f"drafter_gpus={args.drafter_gpus} output_dir={args.output_dir}")
+    if env.get("DFLASH_TEST_CRASH_AT_START") == "1":
+        raise RuntimeError("crash at start requested by DFLASH_TEST_CRASH_AT_START")
+    gpu_handles = open_gpus(args.target_gpus + args.drafter_gpus)  # noqa: F841
+    model = Model()
+    state = {"step": 0, "epoch": 0, "tokens": 0}
+    if args.resume:
+        path = latest_checkpoint(args.output_dir) if args.resume == "latest" else args.resume
+        if path:
+            state = load_checkpoint(path, model)
+            log(f"resumed from {path} at step {state['step']}")
+        else:
+            log("resume requested, no checkpoint yet: starting from scratch")
+    corpus = load_corpus(args.data_dir)
+    rng = random.Random(state["step"])
+    seq_len = min(args.max_seq_len, 64)
+    batch_size = max(1, min(args.max_batch_size, args.token_budget // max(seq_len, 1), 4))
+    step_seconds = float(env.get("DFLASH_STEP_SECONDS", "0.05"))
+    block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
+    calibration = calibrate_c_call() if block_seconds > 0 else 0.0
+    workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
+                            env.get("DFLASH_TEST_ORPHAN_WORKERS") == "1")
+    total_steps = args.epochs * args.steps_per_epoch
+    warmup = max(1, int(total_steps * args.warmup_ratio))
+    window_tokens, window_start = 0, time.perf_counter()
+    timings = {"data": 0.0, "target": 0.0, "drafter": 0.0, "optim": 0.0}
+    try:
+        while state["step"] < total_steps:
+            began = time.perf_counter()
+            batch = []
+            for _ in range(batch_size):
+                start = rng.randrange(0, max(1, len(corpus) - seq_len))
+                batch.append(corpus[start:start + seq_len])
+            t_data = time.perf_counter()
+            block_in_c(block_seconds, calibration)
+            t_target = time.perf_counter()
+            lr = args.lr * min(1.0, (state["step"] + 1) / warmup) * 50  # scaled for the toy model
+            loss, tokens = model.step(batch, lr, args.weight_decay, args.grad_clip)
+            t_drafter = time.perf_counter()
+            state["step"] += 1
+            state["epoch"] = state["step"] // args.steps_per_epoch
+            state["tokens"] += tokens
+            window_tokens += tokens
+            if args.save_interval and state["step"] % args.save_interval == 0:
+                save_checkpoint(args.output_dir, model, state, "interval")
+            t_optim = time.perf_counter()
+            for key, (a, b) in {"data": (began, t_data), "target": (t_data, t_target),
+                                "drafter": (t_target, t_drafter),
+                                "optim": (t_drafter, t_optim)}.items():
+                timings[key] += b - a
+            if state["step"] % max(1, args.profile_interval) == 0:
+                elapsed = time.perf_counter() - window_start
+                stages = " ".join(f"{k} {1000 * v / args.profile_interval:.2f}ms"
+                                  for k, v in timings.items())
+                log(f"step {state['step']} epoch {state['epoch']} loss {loss:.4f} "
+                    f"tok/s {window_tokens / max(elapsed, 1e-9):.1f} | {stages}")
+                window_tokens, window_start = 0, time.perf_counter()
+                timings = dict.fromkeys(timings, 0.0)
+            spare = step_seconds - (time.perf_counter() - began)
+            if spare > 0:
+                time.sleep(spare)
+    except KeyboardInterrupt:
+        log(f"KeyboardInterrupt at step {state['step']}: saving checkpoint")
+        save_checkpoint(args.output_dir, model, state, "interrupt")
+        stop_workers(workers)
+        return EXIT_INTERRUPTED
+    save_checkpoint(args.output_dir, model, state, "final")
+    stop_workers(workers)
+    log("training complete")
+    return 0
+
+
+def main(argv=None):
+    return train(parse_args(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

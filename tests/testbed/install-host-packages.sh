@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Debian packages the testbed and the tests need on the host (root, no GPU, no Proxmox):
+# real LXC containers, tini as their init, OpenSSH for the "nodes", the system python3
+# that the nodes' pct stand-in and the CTs run. Installs only what is missing.
+set -euo pipefail
+packages=(lxc tini openssh-server openssh-client python3 python3-venv procps util-linux iproute2)
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-host-packages: need root to install: ${missing[*]}" >&2
+  exit 1
+fi
+echo "install-host-packages: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,425 @@
+#!/usr/bin/python3
+"""Stand-in for Proxmox VE's ``pct`` on a testbed node.
+
+Faithful to proxmox/pve-container ``src/PVE/CLI/pct.pm`` (and the pve-common /
+pve-guest-common code it calls) for the sub-commands this project uses: exec,
+push, pull, status, list, start, stop, shutdown, config.  Where the real tool
+has a surprising behaviour the project must cope with, this one has it too:
+
+* ``exec`` replaces itself with ``lxc-attach -n <vmid> --keep-env -- CMD``
+  (pct.pm ``exec``: ``exec(@lxc_attach_cmd)``), with no wrapper process and no
+  setsid, so a command run without a tty sees PGID 0 and SID 0 in the CT, and
+  the exit status is the command's own (128+N when it dies by signal N).
+* ``push``/``pull`` run the copy in a forked worker (pct.pm ``fork_worker``);
+  the CLI entry has no ``$upid_exit`` handler, so a failed copy prints the
+  error on stderr and still exits 0.
+* Errors raised with ``die`` end the real tool with exit status 255.
+
+The node this copy belongs to is the directory above ``bin/`` (the testbed
+installs one copy per node); each node sees only its own CTs.  Every call is
+appended to ``pct-invocations.log`` in that directory, for the benchmarks.
+"""
+
+import ctypes
+import fcntl
+import grp
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+import time
+
+VMID_RE = r"^[1-9][0-9]{2,8}$"
+# pct.pm is installed here on a real node; Perl appends "at FILE line N." to a
+# die() message without a trailing newline, and the real texts keep that.
+PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
+CLONE_NEWNS = 0x00020000
+DIE_EXIT = 255  # perl's die() and CLIHandler's exit(-1)
+
+USAGE = {
+    "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
+    "push": "pct push <vmid> <file> <destination> [OPTIONS]",
+    "pull": "pct pull <vmid> <path> <destination> [OPTIONS]",
+    "status": "pct status <vmid> [OPTIONS]",
+    "start": "pct start <vmid> [OPTIONS]",
+    "stop": "pct stop <vmid> [OPTIONS]",
+    "shutdown": "pct shutdown <vmid> [OPTIONS]",
+    "config": "pct config <vmid> [OPTIONS]",
+    "list": "pct list",
+}
+
+
+class PctError(Exception):
+    """A ``die`` of the real tool: message on stderr, exit 255."""
+
+
+class ParamError(PctError):
+    """PVE::Exception parameter error: '400 Parameter verification failed.'"""
+
+    def __init__(self, command, errors):
+        lines = ["400 Parameter verification failed."]
+        lines += [f"{key}: {msg}" for key, msg in errors.items()]
+        super().__init__("\n".join(lines) + "\n\n" + USAGE[command] + "\n")
+
+
+class Node:
+    """One testbed node: its pve config tree and its LXC path."""
+
+    def __init__(self, node_dir):
+        self.dir = os.path.abspath(node_dir)
+        self.name = os.path.basename(self.dir)
+        self.lxcpath = os.path.join(self.dir, "lxc")
+        self.conf_dir = os.path.join(self.dir, "etc/pve/nodes", self.name, "lxc")
+
+    # -- pve config (PVE::LXC::Config, PVE::AbstractConfig) --------------------
+    def conf_path(self, vmid):
+        return os.path.join(self.conf_dir, f"{vmid}.conf")
+
+    def load_config(self, vmid):
+        # pve-guest-common AbstractConfig::load_config: the path in the message
+        # is relative to /etc/pve, the cluster file system.
+        try:
+            with open(self.conf_path(vmid), encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            raise PctError(
+                f"Configuration file 'nodes/{self.name}/lxc/{vmid}.conf' does not exist\n"
+            ) from None
+        conf = {}
+        for line in text.splitlines():
+            if line.startswith("#") or ":" not in line:
+                continue
+            key, value = line.split(":", 1)
+            conf[key.strip()] = value.strip()
+        return conf
+
+    def vmids(self):
+        try:
+            names = os.listdir(self.conf_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[:-5]) for n in names if n.endswith(".conf") and n[:-5].isdigit())
+
+    # -- LXC state --------------------------------------------------------------
+    def lxc(self, tool, vmid, *args, **kwargs):
+        cmd = [tool, "-P", self.lxcpath, "-n", str(vmid), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+
+    def check_running(self, vmid):
+        if not os.path.isdir(os.path.join(self.lxcpath, str(vmid))):
+            return False
+        return self.lxc("lxc-info", vmid, "-s", "-H").stdout.strip() == "RUNNING"
+
+    def init_pid(self, vmid):
+        # PVE::LXC::find_lxc_pid
+        out = self.lxc("lxc-info", vmid, "-p", "-H").stdout.strip()
+        if not out.isdigit():
+            raise PctError(f"unable to get PID for CT {vmid} (not running?)\n")
+        return int(out)
+
+    def lock_config(self, vmid):
+        # PVE::AbstractConfig::lock_config: flock on a per-CT lock file
+        lock_dir = os.path.join(self.dir, "lock")
+        os.makedirs(lock_dir, exist_ok=True)
+        handle = open(os.path.join(lock_dir, f"pve-config-{vmid}.lock"), "a")  # noqa: SIM115
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return handle
+
+    def start(self, vmid):
+        # PVE::API2::LXC::Status vm_start
+        self.load_config(vmid)
+        if self.check_running(vmid):
+            raise PctError(f"CT {vmid} already running\n")
+        with self.lock_config(vmid):
+            res = self.lxc("lxc-start", vmid)
+            if res.returncode != 0 or not self.check_running(vmid):
+                sys.stderr.write(res.stderr)
+                raise PctError(f"startup for container '{vmid}' failed\n")
+
+    def stop(self, vmid, kill=True, timeout=None):
+        # vm_stop / vm_shutdown -> PVE::LXC::vm_stop: lxc-stop --kill, or a
+        # clean shutdown with --nokill --timeout (forceStop kills afterwards)
+        self.load_config(vmid)
+        if not self.check_running(vmid):
+            raise PctError(f"CT {vmid} not running\n")
+        args = ["--kill"] if kill else ["--timeout", str(timeout)]
+        with self.lock_config(vmid):
+            self.lxc("lxc-stop", vmid, *args)
+            if self.check_running(vmid):
+                raise PctError("container did not stop\n")
+
+
+def setns_mount(pid):
+    """Enter the mount namespace of ``pid`` (PVE::Tools::setns)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNS) != 0:
+            raise PctError("failed to enter the container's mount namespace\n")
+    finally:
+        os.close(fd)
+    os.chdir("/")
+
+
+def create_file(path, perms, user, group):
+    """pct.pm create_file: O_EXCL first; an existing file is truncated in place."""
+    uid = gid = None
+    if user is not None:
+        try:
+            uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+        except KeyError:
+            raise PctError(f"failed to get uid for: {user}\n") from None
+    if group is not None:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise PctError(f"failed to get gid for: {group}\n") from None
+    mode = None
+    if perms is not None:
+        try:
+            mode = int(perms, 16) if perms.lower().startswith("0x") else int(perms, 8)
+        except ValueError:
+            raise PctError(f"invalid mode: '{perms}'\n") from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    except FileExistsError:
+        fd = None
+    except OSError as err:
+        raise PctError(f"failed to create file: {path}: {err.strerror}\n") from None
+    if fd is None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError as err:
+            raise PctError(f"failed to create file: {path}: {err.strerror}\n") from None
+    if mode is not None:
+        os.fchmod(fd, mode)
+    if uid is not None or gid is not None:
+        st = os.fstat(fd)
+        try:
+            os.fchown(fd, st.st_uid if uid is None else uid, st.st_gid if gid is None else gid)
+        except OSError as err:
+            raise PctError(f"failed to change file owner: {err.strerror}\n") from None
+    return fd
+
+
+def fork_worker(work):
+    """RESTEnvironment::fork_worker in CLI sync mode: a failing worker prints
+    its error on stderr, and the push/pull CLI entry still returns 0."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            work()
+        except PctError as err:
+            sys.stderr.write(str(err).rstrip("\n") + "\n")
+            code = 1
+        except OSError as err:
+            sys.stderr.write(f"{err}\n")
+            code = 1
+        sys.stderr.flush()
+        os._exit(code)
+    os.waitpid(pid, 0)
+    return 0
+
+
+def copy_fd(src_fd, dst_fd):
+    while chunk := os.read(src_fd, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view) :]
+
+
+def parse(command, argv, positional, options):
+    """CLIHandler-style parsing: fixed positionals, then --opt value pairs;
+    for exec, whatever follows ``--`` (or is not an option) is extra-args."""
+    values, extra = {}, []
+    rest = list(argv)
+    for name in positional:
+        if not rest or rest[0] == "--":
+            raise ParamError(command, {name: "property is missing and it is not optional"})
+        values[name] = rest.pop(0)
+    while rest:
+        token = rest.pop(0)
+        if token == "--":
+            extra.extend(rest)
+            break
+        if token.startswith("--") and token[2:] in options:
+            if not rest:
+                raise ParamError(command, {token[2:]: "missing value"})
+            values[token[2:]] = rest.pop(0)
+        elif command == "exec":
+            extra.append(token)
+            extra.extend(rest)
+            break
+        else:
+            raise PctError(f"Unknown option: {token[2:] if token.startswith('--') else token}\n"
+                           f"400 unable to parse option\n{USAGE[command]}\n")
+    if "vmid" in values and not re.match(VMID_RE, values["vmid"]):
+        raise ParamError(command, {"vmid": "invalid format - value does not look like a valid VM ID"})
+    return values, extra
+
+
+def perl_bool(value):
+    return value.lower() not in ("0", "false", "no", "off")
+
+
+def cmd_exec(node, argv):
+    args, extra = parse("exec", argv, ["vmid"], {"keep-env"})
+    vmid = args["vmid"]
+    node.load_config(vmid)
+    if not node.check_running(vmid):
+        raise PctError(f"container '{vmid}' not running!\n")
+    if not extra:
+        raise PctError(f"missing command at {PCT_PM} line 246.\n")
+    keep_env = perl_bool(args.get("keep-env", "1"))
+    attach = ["lxc-attach", "-P", node.lxcpath, "-n", vmid,
+              "--keep-env" if keep_env else "--clear-env", "--", *extra]
+    os.execvp(attach[0], attach)
+
+
+def cmd_push(node, argv):
+    args, _ = parse("push", argv, ["vmid", "file", "destination"], {"perms", "user", "group"})
+    vmid = args["vmid"]
+    perms = args.get("perms")
+    if perms is not None and not perms.startswith("0"):
+        perms = "0" + perms  # pct.pm: "assume octal as default"
+    with node.lock_config(vmid):
+        if not node.check_running(vmid):
+            raise PctError("can only push files to a running CT\n")
+        node.load_config(vmid)
+
+        def work():
+            pid = node.init_pid(vmid)
+            try:
+                src = os.open(args["file"], os.O_RDONLY)
+            except OSError:
+                raise PctError(f"failed to open {args['file']} for reading\n") from None
+            setns_mount(pid)
+            dst = create_file(args["destination"], perms, args.get("user"), args.get("group"))
+            copy_fd(src, dst)
+
+        return fork_worker(work)
+
+
+def cmd_pull(node, argv):
+    args, _ = parse("pull", argv, ["vmid", "path", "destination"], {"perms", "user", "group"})
+    vmid = args["vmid"]
+    perms = args.get("perms")
+    if perms is not None and not perms.startswith("0"):
+        perms = "0" + perms
+    with node.lock_config(vmid):
+        if not node.check_running(vmid):
+            raise PctError(f"can only pull files from a running VM at {PCT_PM} line 664.\n")
+
+        def work():
+            pid = node.init_pid(vmid)
+            dst = create_file(args["destination"], perms, args.get("user"), args.get("group"))
+            setns_mount(pid)
+            try:
+                src = os.open(args["path"], os.O_RDONLY)
+            except OSError as err:
+                raise PctError(f"failed to open {args['path']}: {err.strerror}\n") from None
+            copy_fd(src, dst)
+
+        return fork_worker(work)
+
+
+def cmd_status(node, argv):
+    args, _ = parse("status", argv, ["vmid"], {"verbose"})
+    node.load_config(args["vmid"])
+    print("status: " + ("running" if node.check_running(args["vmid"]) else "stopped"))
+    return 0
+
+
+def cmd_config(node, argv):
+    args, _ = parse("config", argv, ["vmid"], set())
+    for key, value in sorted(node.load_config(args["vmid"]).items()):
+        print(f"{key}: {value}")
+    return 0
+
+
+def cmd_list(node, argv):
+    parse("list", argv, [], set())
+    rows = []
+    for vmid in node.vmids():
+        conf = node.load_config(vmid)
+        status = "running" if node.check_running(vmid) else "stopped"
+        rows.append((vmid, status, conf.get("lock", ""), conf.get("hostname", f"CT{vmid}")))
+    if rows:  # pct.pm: "return if !scalar(@$res);" -- no header when empty
+        fmt = "%-10s %-10s %-12s %-20s"
+        print(fmt % ("VMID", "Status", "Lock", "Name"))
+        for row in rows:
+            print(fmt % row)
+    return 0
+
+
+def cmd_start(node, argv):
+    args, _ = parse("start", argv, ["vmid"], set())
+    node.start(args["vmid"])
+    return 0
+
+
+def cmd_stop(node, argv):
+    args, _ = parse("stop", argv, ["vmid"], set())
+    node.stop(args["vmid"], kill=True)
+    return 0
+
+
+def cmd_shutdown(node, argv):
+    args, _ = parse("shutdown", argv, ["vmid"], {"timeout", "forceStop"})
+    vmid = args["vmid"]
+    try:
+        node.stop(vmid, kill=False, timeout=int(args.get("timeout", "60")))
+    except PctError:
+        if not perl_bool(args.get("forceStop", "0")):
+            raise
+        node.stop(vmid, kill=True)
+    return 0
+
+
+COMMANDS = {
+    "exec": cmd_exec, "push": cmd_push, "pull": cmd_pull, "status": cmd_status,
+    "config": cmd_config, "list": cmd_list, "start": cmd_start, "stop": cmd_stop,
+    "shutdown": cmd_shutdown,
+}
+
+
+def record_invocation(node, argv):
+    line = json.dumps({"time": time.time(), "pid": os.getpid(), "argv": argv}) + "\n"
+    try:
+        fd = os.open(os.path.join(node.dir, "pct-invocations.log"),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except PermissionError:
+        return  # a non-root caller, refused below before it can do anything
+    try:
+        os.write(fd, line.encode())  # one O_APPEND write: concurrent calls do not interleave
+    finally:
+        os.close(fd)
+
+
+def main(argv):
+    node = Node(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    record_invocation(node, argv)
+    try:
+        # RPCEnvironment::setup_default_cli_env, before any command runs
+        if os.geteuid() != 0:
+            raise PctError("please run as root\n")
+        if not argv or argv[0] not in COMMANDS:
+            name = argv[0] if argv else ""
+            sys.stderr.write(f"ERROR: unknown command 'pct {name}'\n"
+                             "USAGE: pct <COMMAND> [ARGS] [OPTIONS]\n")
+            return DIE_EXIT
+        return COMMANDS[argv[0]](node, argv[1:])
+    except PctError as err:
+        sys.stderr.write(str(err))
+        return DIE_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""Local Proxmox testbed: sshd "nodes" on loopback holding real LXC "CTs".
+
+The layout comes from an Ansible inventory (``inventory/testbed`` by default),
+so the inventory the playbooks use and the testbed can never disagree:
+
+* ``testbed_state_dir`` (all): where this testbed instance keeps everything;
+* group ``proxmox_nodes``: one sshd per host on ``ansible_host:ansible_port``;
+* group ``dflash_trainers``: one CT per host, ``ansible_pct_vmid`` on node
+  ``pve_node``, with ``testbed_gpu_count`` fake GPUs (default 8).
+
+``up`` and ``down`` are idempotent.  Everything created lives under the state
+dir and carries a marker; ``down`` ends only the daemons and containers it
+finds there (by PID, after checking the marker), so it also cleans up after a
+killed ``up`` and never touches anything else on the host.
+
+Usage: testbed.py [-i INVENTORY] up|down|status
+"""
+
+import argparse
+import re
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import pct  # noqa: E402  (the stand-in: its Node class runs the CTs)
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_INVENTORY = os.path.join(REPO, "inventory", "testbed")
+MARKER = ".dflash-testbed"
+SSHD = "/usr/sbin/sshd"
+SYSTEM_PYTHON = "/usr/bin/python3"  # what the nodes and CTs run; not the venv
+DEFAULT_GPU_COUNT = 8
+CT_DIRS = ("usr", "etc", "proc", "sys", "dev", "tmp", "root", "run", "var/tmp",
+           "var/log", "workspace", "opt", "home", "mnt", "local-bin")
+# Mirror the host's merged-/usr symlinks so host binaries find their libraries.
+USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+class TestbedError(Exception):
+    pass
+
+
+def log(message):
+    print(f"testbed: {message}", flush=True)
+
+
+def load_layout(inventory):
+    """Nodes and CTs of the testbed, read through ansible-inventory."""
+    tool = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
+    res = subprocess.run([tool, "-i", inventory, "--list"],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise TestbedError(f"ansible-inventory -i {inventory} failed:\n{res.stderr}")
+    data = json.loads(res.stdout)
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    nodes = {}
+    for name in data.get("proxmox_nodes", {}).get("hosts", []):
+        hv = hostvars[name]
+        nodes[name] = {"address": hv["ansible_host"], "port": int(hv.get("ansible_port", 22)),
+                       "cts": {}}
+    state_dirs = {hv.get("testbed_state_dir") for hv in hostvars.values()}
+    if len(state_dirs) != 1 or None in state_dirs:
+        raise TestbedError(f"{inventory}: set testbed_state_dir once, for all hosts")
+    for name in data.get("dflash_trainers", {}).get("hosts", []):
+        hv = hostvars[name]
+        node = hv.get("pve_node")
+        if node not in nodes:
+            raise TestbedError(f"{name}: pve_node={node!r} is not in group proxmox_nodes")
+        vmid = str(hv.get("ansible_pct_vmid"))
+        if not re.match(pct.VMID_RE, vmid):
+            raise TestbedError(f"{name}: ansible_pct_vmid={vmid!r} is not a valid VM ID")
+        nodes[node]["cts"][vmid] = {
+            "hostname": name, "gpus": int(hv.get("testbed_gpu_count", DEFAULT_GPU_COUNT))}
+    for name, node in nodes.items():
+        if not node["address"].startswith("127."):
+            raise TestbedError(f"{name}: testbed nodes must live on loopback (127.0.0.0/8)")
+    return state_dirs.pop(), nodes
+
+
+@contextlib.contextmanager
+def instance_lock(state_dir):
+    parent = os.path.dirname(state_dir.rstrip("/"))
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    with open(os.path.join(parent, f".{os.path.basename(state_dir)}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def run(cmd, **kwargs):
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+    if res.returncode != 0:
+        raise TestbedError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def write(path, text, mode=0o644):
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(path, mode)
+
+
+def read_cmdline(pid):
+    """The command line as one string (sshd rewrites its argv into a title)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def children_of(pid):
+    """Direct and indirect children of pid (walking PPid in /proc)."""
+    parent_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    parent_of[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        kids = [p for p, pp in parent_of.items() if pp == current]
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+class Testbed:
+    def __init__(self, inventory=DEFAULT_INVENTORY):
+        self.inventory = inventory
+        self.state_dir, self.nodes = load_layout(inventory)
+        self.key = os.path.join(self.state_dir, "id_ed25519")
+        self.known_hosts = os.path.join(self.state_dir, "known_hosts")
+
+    def node_dir(self, node):
+        return os.path.join(self.state_dir, "nodes", node)
+
+    def pct_node(self, node):
+        return pct.Node(self.node_dir(node))
+
+    # -- up ------------------------------------------------------------------------
+    def up(self):
+        with instance_lock(self.state_dir):
+            os.makedirs(self.state_dir, mode=0o755, exist_ok=True)
+            write(os.path.join(self.state_dir, MARKER), f"inventory: {self.inventory}\n")
+            if not os.path.exists(self.key):
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflash-testbed",
+                     "-f", self.key])
+            known = []
+            for name, spec in self.nodes.items():
+                known.append(self.up_node(name, spec))
+                for vmid, ct in spec["cts"].items():
+                    self.up_ct(name, vmid, ct)
+            write(self.known_hosts, "".join(known))
+        log(f"up: {len(self.nodes)} nodes, "
+            f"{sum(len(n['cts']) for n in self.nodes.values())} CTs, state in {self.state_dir}")
+
+    def up_node(self, name, spec):
+        ndir = self.node_dir(name)
+        for sub in ("bin", "lxc", "lock", f"etc/pve/nodes/{name}/lxc"):
+            os.makedirs(os.path.join(ndir, sub), mode=0o755, exist_ok=True)
+        # One copy of pct per node: it finds its node from its own location.
+        shutil.copyfile(os.path.join(HERE, "pct.py"), os.path.join(ndir, "bin", "pct"))
+        os.chmod(os.path.join(ndir, "bin", "pct"), 0o755)
+        host_key = os.path.join(ndir, "ssh_host_ed25519_key")
+        if not os.path.exists(host_key):
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", host_key])
+        shutil.copyfile(self.key + ".pub", os.path.join(ndir, "authorized_keys"))
+        os.chmod(os.path.join(ndir, "authorized_keys"), 0o600)
+        config = os.path.join(ndir, "sshd_config")
+        path = f"{ndir}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        write(config, "\n".join([
+            f"ListenAddress {spec['address']}:{spec['port']}",
+            f"HostKey {host_key}",
+            f"PidFile {ndir}/sshd.pid",
+            f"AuthorizedKeysFile {ndir}/authorized_keys",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes yes",
+            "PrintMotd no",
+            "AcceptEnv LANG LC_*",
+            # a Proxmox node has pct on root's PATH
+            f"SetEnv PATH={path} PVE_TESTBED_NODE={name}",
+            "MaxSessions 64",
+            "MaxStartups 64:30:128",
+            "Subsystem sftp internal-sftp",
+            "",
+        ]))
+        if self.sshd_pid(name) is None:
+            os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privsep dir
+            run([SSHD, "-t", "-f", config])
+            proc = subprocess.Popen([SSHD, "-D", "-f", config, "-E", f"{ndir}/sshd.log"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            write(os.path.join(ndir, "sshd.testbed-pid"), f"{proc.pid}\n")
+            self.wait_listening(name, spec, proc)
+        with open(host_key + ".pub", encoding="utf-8") as handle:
+            keytype, key = handle.read().split()[:2]
+        return f"[{spec['address']}]:{spec['port']} {keytype} {key}\n"
+
+    def wait_listening(self, name, spec, proc):
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                with open(os.path.join(self.node_dir(name), "sshd.log"), encoding="utf-8") as h:
+                    raise TestbedError(f"sshd of node {name} exited: {h.read().strip()}")
+            with socket.socket() as sock:
+                if sock.connect_ex((spec["address"], spec["port"])) == 0:
+                    return
+            time.sleep(0.05)
+        raise TestbedError(f"sshd of node {name} does not listen on "
+                           f"{spec['address']}:{spec['port']}")
+
+    def sshd_pid(self, name):
+        """PID of this node's sshd, only if it really is ours (config path in argv)."""
+        config = os.path.join(self.node_dir(name), "sshd_config")
+        for pidfile in ("sshd.testbed-pid", "sshd.pid"):
+            try:
+                with open(os.path.join(self.node_dir(name), pidfile), encoding="utf-8") as h:
+                    pid = int(h.read().strip())
+            except (OSError, ValueError):
+                continue
+            if config in read_cmdline(pid):
+                return pid
+        return None
+
+    def up_ct(self, node_name, vmid, ct):
+        node = self.pct_node(node_name)
+        ctdir = os.path.join(node.lxcpath, vmid)
+        rootfs = os.path.join(ctdir, "rootfs")
+        os.makedirs(ctdir, mode=0o755, exist_ok=True)
+        write(os.path.join(ctdir, MARKER), f"{self.state_dir}\n")
+        for sub in CT_DIRS:
+            os.makedirs(os.path.join(rootfs, sub), mode=0o755, exist_ok=True)
+        os.chmod(os.path.join(rootfs, "tmp"), 0o1777)
+        os.chmod(os.path.join(rootfs, "var/tmp"), 0o1777)
+        os.chmod(os.path.join(rootfs, "root"), 0o700)
+        for link in USR_LINKS:
+            target = os.path.join(rootfs, link)
+            if os.path.islink(f"/{link}") and not os.path.lexists(target):
+                os.symlink(os.readlink(f"/{link}"), target)
+        hostname = ct["hostname"]
+        etc = os.path.join(rootfs, "etc")
+        write(os.path.join(etc, "hostname"), f"{hostname}\n")
+        write(os.path.join(etc, "hosts"), f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n")
+        write(os.path.join(etc, "passwd"),
+              "root:x:0:0:root:/root:/bin/bash\n"
+              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
+        write(os.path.join(etc, "group"), "root:x:0:\nnogroup:x:65534:\n")
+        if not os.path.lexists(os.path.join(etc, "os-release")):
+            os.symlink("../usr/lib/os-release", os.path.join(etc, "os-release"))
+        self.write_fake_nvidia_smi(os.path.join(rootfs, "local-bin"), vmid, ct["gpus"])
+        mounts = [
+            "/usr usr none bind,ro 0 0",
+            # Per-CT tools (the fake nvidia-smi) on top of the read-only /usr.
+            f"{rootfs}/local-bin usr/local/bin none bind,ro 0 0",
+            "tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
+        ]
+        # Device nodes a CUDA process would hold open; /dev/null stands in.
+        mounts += [f"/dev/null dev/nvidia{i} none bind,create=file 0 0" for i in range(ct["gpus"])]
+        mounts.append("/dev/null dev/nvidiactl none bind,create=file 0 0")
+        write(os.path.join(ctdir, "config"), "\n".join([
+            f"# dflash-testbed CT (state dir {self.state_dir}); removed by testbed.py down",
+            f"lxc.uts.name = {hostname}",
+            f"lxc.rootfs.path = dir:{rootfs}",
+            "lxc.net.0.type = empty",
+            "lxc.apparmor.profile = unconfined",
+            "lxc.autodev = 1",
+            "lxc.mount.auto = proc:rw sys:ro",
+            *[f"lxc.mount.entry = {m}" for m in mounts],
+            "lxc.init.cmd = /usr/bin/tini -- /bin/sleep infinity",
+            "lxc.signal.halt = SIGTERM",
+            "lxc.tty.max = 0",
+            f"lxc.log.file = {ctdir}/lxc.log",
+            "lxc.log.level = WARN",
+            "",
+        ]))
+        write(node.conf_path(vmid), "\n".join([
+            "# dflash-testbed",
+            "arch: amd64",
+            "cores: 2",
+            f"hostname: {hostname}",
+            "memory: 4096",
+            "ostype: debian",
+            f"rootfs: local:{vmid}/vm-{vmid}-disk-0.raw,size=8G",
+            f"testbed_gpus: {ct['gpus']}",
+            "",
+        ]))
+        if not node.check_running(vmid):
+            node.start(vmid)
+
+    @staticmethod
+    def write_fake_nvidia_smi(bindir, vmid, gpus):
+        lines = "".join(
+            f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{int(vmid):08x}-0000-4000-8000-{i:012x})\\n"
+            for i in range(gpus))
+        write(os.path.join(bindir, "nvidia-smi"), "\n".join([
+            "#!/bin/sh",
+            "# testbed stand-in: lists the GPUs this CT was given (testbed_gpu_count)",
+            'case "$1" in',
+            f"  -L|--list-gpus) printf '{lines}' ;;",
+            f"  *) echo 'NVIDIA-SMI testbed stand-in: {gpus} GPUs'; printf '{lines}' ;;",
+            "esac",
+            "",
+        ]), mode=0o755)
+
+    # -- down ------------------------------------------------------------------------
+    def down(self):
+        if not os.path.isdir(self.state_dir):
+            log(f"down: nothing at {self.state_dir}")
+            return
+        with instance_lock(self.state_dir):
+            if not os.path.exists(os.path.join(self.state_dir, MARKER)):
+                raise TestbedError(f"{self.state_dir} has no {MARKER} marker: not ours, left alone")
+            nodes_root = os.path.join(self.state_dir, "nodes")
+            names = sorted(os.listdir(nodes_root)) if os.path.isdir(nodes_root) else []
+            for name in names:
+                self.down_node(name)
+            shutil.rmtree(self.state_dir)
+        log(f"down: removed {self.state_dir}")
+
+    def down_node(self, name):
+        node = self.pct_node(name)
+        if os.path.isdir(node.lxcpath):
+            for vmid in sorted(os.listdir(node.lxcpath)):
+                ctdir = os.path.join(node.lxcpath, vmid)
+                if not os.path.exists(os.path.join(ctdir, MARKER)):
+                    continue
+                if node.check_running(vmid):
+                    node.lxc("lxc-stop", vmid, "--kill")
+                if node.check_running(vmid):
+                    raise TestbedError(f"CT {vmid} on {name} does not stop")
+                # --one-file-system: never descend into a mount, whatever happened
+                run(["rm", "-rf", "--one-file-system", ctdir])
+        pid = self.sshd_pid(name)
+        if pid is not None:
+            # the listener and its per-connection children
+            for victim in [pid, *children_of(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while read_cmdline(pid) and time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                time.sleep(0.05)
+
+    # -- status ------------------------------------------------------------------------
+    def status(self):
+        report = {}
+        for name in self.nodes:
+            node = self.pct_node(name)
+            counter = os.path.join(node.dir, "pct-invocations.log")
+            invocations = 0
+            if os.path.exists(counter):
+                with open(counter, encoding="utf-8") as handle:
+                    invocations = sum(1 for _ in handle)
+            report[name] = {
+                "sshd_pid": self.sshd_pid(name),
+                "pct_invocations": invocations,
+                "cts": {vmid: node.check_running(vmid) for vmid in self.nodes[name]["cts"]},
+            }
+        return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+    parser.add_argument("action", choices=("up", "down", "status"))
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("testbed: LXC containers and sshd on loopback need root", file=sys.stderr)
+        return 1
+    try:
+        testbed = Testbed(args.inventory)
+        if args.action == "status":
+            print(json.dumps(testbed.status(), indent=2))
+        else:
+            getattr(testbed, args.action)()
+    except (TestbedError, pct.PctError) as err:
+        print(f"testbed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

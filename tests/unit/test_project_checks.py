@@ -1,0 +1,17 @@
+"""Project-wide checks: the plugin's documentation renders and ansible-lint is clean."""
+
+import os
+
+from conftest import BIN, run_tool
+
+
+def test_ansible_doc_renders_the_connection_plugin():
+    res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", "connection", "dflash.lifecycle.pct"])
+    assert "CONNECTION dflash.lifecycle.pct" in res.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert "ansible_pct_vmid" in res.stdout
+
+
+def test_ansible_lint_production_profile():
+    res = run_tool([os.path.join(BIN, "ansible-lint"), "--offline", "--profile", "production",
+                    "--nocolor"], check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
