@@ -278,6 +278,8 @@ def cmd_exec(node, argv):
     if not extra:
         raise PctError(f"missing command at {PCT_PM} line 246.\n")
     keep_env = perl_bool(args.get("keep-env", "1"))
+    # Real pct runs `lxc-attach -n <vmid>` against /var/lib/lxc; each testbed node has
+    # its own LXC path instead, hence -P. Nothing else differs, and it is an exec.
     attach = ["lxc-attach", "-P", node.lxcpath, "-n", vmid,
               "--keep-env" if keep_env else "--clear-env", "--", *extra]
     os.execvp(attach[0], attach)

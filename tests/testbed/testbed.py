@@ -88,12 +88,18 @@ def load_layout(inventory):
 
 
 @contextlib.contextmanager
-def instance_lock(state_dir):
+def instance_lock(state_dir, remove=False):
+    """Serialises up/down of one instance; remove=True (down) leaves no lock file behind."""
     parent = os.path.dirname(state_dir.rstrip("/"))
     os.makedirs(parent, mode=0o755, exist_ok=True)
-    with open(os.path.join(parent, f".{os.path.basename(state_dir)}.lock"), "w") as handle:
+    path = os.path.join(parent, f".{os.path.basename(state_dir)}.lock")
+    with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+        if remove:
+            os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)  # only when no other instance lives there
 
 
 def run(cmd, **kwargs):
@@ -324,7 +330,7 @@ class Testbed:
         if not os.path.isdir(self.state_dir):
             log(f"down: nothing at {self.state_dir}")
             return
-        with instance_lock(self.state_dir):
+        with instance_lock(self.state_dir, remove=True):
             if not os.path.exists(os.path.join(self.state_dir, MARKER)):
                 raise TestbedError(f"{self.state_dir} has no {MARKER} marker: not ours, left alone")
             nodes_root = os.path.join(self.state_dir, "nodes")
