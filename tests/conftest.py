@@ -25,13 +25,13 @@ import testbed as testbed_mod  # noqa: E402
 
 TRAINER = os.path.join(TESTS, "testbed", "example_trainer", "train_dflash_pipeline.py")
 
+# Tools that look `ansible` up on PATH (testinfra, ansible-runner) find the venv's.
+os.environ["PATH"] = BIN + os.pathsep + os.environ["PATH"]
+os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+
 
 def tool_env():
-    env = dict(os.environ)
-    env["PATH"] = BIN + os.pathsep + env["PATH"]
-    env["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
-    env.setdefault("ANSIBLE_NOCOLOR", "1")
-    return env
+    return dict(os.environ, ANSIBLE_NOCOLOR="1")
 
 
 def run_tool(args, check=True, **kwargs):

@@ -60,10 +60,8 @@ def test_bad_vmid_names_the_variable(testbed):
     assert "ansible_pct_vmid='12'" in res.stdout + res.stderr
 
 
-def test_testinfra_reaches_a_ct_through_the_inventory(testbed, monkeypatch):
-    # testinfra runs `ansible` from PATH; force_ansible because it cannot speak pct itself
-    monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ["PATH"])
-    monkeypatch.setenv("ANSIBLE_CONFIG", os.path.join(REPO, "ansible.cfg"))
+def test_testinfra_reaches_a_ct_through_the_inventory(testbed):
+    # force_ansible: testinfra cannot speak pct itself, it runs each command as a task
     host = testinfra.get_host(f"ansible://{CT}?force_ansible=True",
                               ansible_inventory=os.path.join(REPO, "inventory", "testbed"))
     assert host.check_output("hostname") == CT

@@ -1,0 +1,593 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Stop a training process tree in stages, verify it stopped and that it checkpointed.
+
+The logic of the ``dflash.lifecycle.staged_stop`` module, free of Ansible so that
+unit tests reach it directly.  Runs on the target: Python 3.8 and later.
+
+Safety rules, each a lesson from the field (see DESIGN.md "Staged stop"):
+
+* Signals go to single PIDs, never to a process group number: inside a CT entered
+  with ``pct exec`` the PGID and SID are 0, and ``kill(0, sig)`` would hit the
+  caller's own group -- the module and the pct session that runs it.
+* A process is named by (pid, starttime) and, where the kernel allows, held by a
+  pidfd from the moment the target set is captured, so a reused PID is never hit.
+* The module's own process and its ancestors are never targets.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+
+DEFAULT_LADDER = (
+    {"signal": "SIGINT", "scope": "main", "wait": 120},
+    {"signal": "SIGTERM", "scope": "tree", "wait": 30},
+    {"signal": "SIGKILL", "scope": "tree", "wait": 10},
+)
+SCOPES = ("main", "group", "tree")
+DEFAULT_TEMP_PATTERNS = (".tmp*", "*.tmp", "*.partial", "*.incomplete")
+FALLBACK_POLL_SECONDS = 0.05
+
+
+class StopFailed(Exception):
+    """The stop did not end as asked; ``result`` says how far it got."""
+
+    def __init__(self, msg, result):
+        super().__init__(msg)
+        self.result = dict(result, msg=msg)
+
+
+class InvalidParameter(ValueError):
+    """A parameter is wrong; the message names it."""
+
+
+def signal_number(value, where):
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        number = int(value)
+        if number in {s.value for s in signal.Signals}:
+            return signal.Signals(number)
+    elif isinstance(value, str):
+        name = value.upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        if name in signal.Signals.__members__:
+            return signal.Signals[name]
+    raise InvalidParameter(f"{where}: unknown signal {value!r}")
+
+
+def validate_ladder(ladder):
+    """Normalised stages; errors name the offending entry, e.g. ``ladder[1].scope``."""
+    if not ladder:
+        raise InvalidParameter("ladder: needs at least one stage")
+    stages = []
+    for index, stage in enumerate(ladder):
+        where = f"ladder[{index}]"
+        if not isinstance(stage, dict):
+            raise InvalidParameter(f"{where}: must be a mapping with signal, scope and wait")
+        unknown = set(stage) - {"signal", "scope", "wait"}
+        if unknown:
+            raise InvalidParameter(f"{where}: unknown keys {sorted(unknown)}")
+        if "signal" not in stage:
+            raise InvalidParameter(f"{where}.signal: required")
+        scope = stage.get("scope", "tree")
+        if scope not in SCOPES:
+            raise InvalidParameter(f"{where}.scope: {scope!r} is not one of {', '.join(SCOPES)}")
+        try:
+            wait = float(stage.get("wait", 10))
+        except (TypeError, ValueError):
+            raise InvalidParameter(f"{where}.wait: {stage.get('wait')!r} is not a number") from None
+        if wait < 0:
+            raise InvalidParameter(f"{where}.wait: must be >= 0, got {wait}")
+        stages.append({"signal": signal_number(stage["signal"], f"{where}.signal"),
+                       "scope": scope, "wait": wait})
+    return stages
+
+
+# -- finding the trainer ------------------------------------------------------------------
+
+def read_pidfile(path):
+    """(pid, starttime or None, mtime) from a pidfile of the form 'PID [STARTTIME]'."""
+    try:
+        with open(path) as handle:
+            fields = handle.read().split()
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+    if not fields or not fields[0].isdigit():
+        raise InvalidParameter(f"pidfile: {path} does not start with a PID")
+    starttime = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return int(fields[0]), starttime, mtime
+
+
+def pidfile_process(path, pattern, table, proc_root):
+    """The process a pidfile names, and why it was rejected when it was."""
+    entry = read_pidfile(path)
+    if entry is None:
+        return None, "pidfile does not exist"
+    pid, starttime, mtime = entry
+    proc = table.get(pid)
+    if proc is None or proc.gone:
+        return None, f"PID {pid} from the pidfile is not running"
+    if starttime is not None and proc.starttime != starttime:
+        return None, f"PID {pid} was reused: it started at tick {proc.starttime}, not {starttime}"
+    if starttime is None and proctable.start_wall_time(proc, proc_root) > mtime + 1:
+        return None, f"PID {pid} started after the pidfile was written: the PID was reused"
+    if pattern and not re.search(pattern, proc.cmdline):
+        return None, f"PID {pid} ({proc.cmdline[:80]!r}) does not match pattern"
+    return proc, None
+
+
+def pattern_matches(pattern, table, excluded):
+    """Processes whose full cmdline matches; of a matching chain only the topmost counts
+    (forked workers share the trainer's cmdline)."""
+    regex = re.compile(pattern)
+    hits = {pid for pid, proc in table.items()
+            if pid not in excluded and not proc.gone and regex.search(proc.cmdline)}
+    top = []
+    for pid in sorted(hits):
+        above = proctable.ancestors(table, pid)[1:]
+        if not hits.intersection(above):
+            top.append(pid)
+    resolved = []
+    for pid in top:
+        # `bash -c "python3 train.py"` style wrappers: the python child is the trainer
+        proc = table[pid]
+        kids = [k for k in proctable.descendants(table, pid) if k in hits
+                and table[k].ppid == pid]
+        if proc.comm in proctable.SHELLS and len(kids) == 1:
+            resolved.append(kids[0])
+        else:
+            resolved.append(pid)
+    return resolved
+
+
+def find_trainer(params, table, excluded, proc_root):
+    """(main process or None, report). Raises StopFailed on ambiguity."""
+    report = {"source": None, "pidfile_stale": False, "pidfile_reason": None}
+    if params.get("pidfile"):
+        proc, reason = pidfile_process(params["pidfile"], params.get("pattern"), table, proc_root)
+        if proc is not None and proc.pid not in excluded:
+            report["source"] = "pidfile"
+            return proc, report
+        report["pidfile_stale"] = reason != "pidfile does not exist"
+        report["pidfile_reason"] = reason
+    if not params.get("pattern"):
+        return None, report
+    matches = pattern_matches(params["pattern"], table, excluded)
+    if params.get("pid"):
+        matches = [pid for pid in matches if pid == params["pid"]]
+    if len(matches) > 1:
+        select_mode = params.get("select", "only")
+        if select_mode == "only":
+            listing = [{"pid": pid, "cmdline": table[pid].cmdline} for pid in matches]
+            raise StopFailed(
+                f"{len(matches)} processes match pattern {params['pattern']!r}: "
+                + "; ".join(f"PID {m['pid']}: {m['cmdline'][:200]}" for m in listing)
+                + ". Nothing was signalled; set pid, or select: oldest|newest.",
+                {"changed": False, "matches": listing, "timeline": [], "targets": []})
+        matches.sort(key=lambda pid: table[pid].starttime)
+        matches = [matches[0] if select_mode == "oldest" else matches[-1]]
+    if not matches:
+        return None, report
+    report["source"] = "pattern"
+    return table[matches[0]], report
+
+
+# -- the target set ------------------------------------------------------------------------
+
+class Targets:
+    """Processes to stop, each held by identity (and a pidfd where possible)."""
+
+    def __init__(self, proc_root="/proc", use_pidfd=True):
+        self.proc_root = proc_root
+        self.use_pidfd = use_pidfd and hasattr(os, "pidfd_open") and proc_root == "/proc"
+        self.members = {}  # identity -> {"proc": Process, "role": str}
+        self.pidfds = {}
+
+    def add(self, proc, role):
+        if proc.identity in self.members or proc.gone:
+            return
+        if self.use_pidfd:
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except OSError:
+                return  # already gone
+            # opened by PID: valid only if that PID still has the same starttime now
+            current = proctable.read_process(proc.pid, self.proc_root)
+            if current is None or current.starttime != proc.starttime:
+                os.close(fd)
+                return
+            self.pidfds[proc.identity] = fd
+        self.members[proc.identity] = {"proc": proc, "role": role}
+
+    def alive(self):
+        return [ident for ident in self.members if proctable.alive(ident, self.proc_root)]
+
+    def send(self, identity, signum):
+        """Deliver signum to exactly this process; False when it is already gone."""
+        fd = self.pidfds.get(identity)
+        try:
+            if fd is not None and hasattr(signal, "pidfd_send_signal"):
+                signal.pidfd_send_signal(fd, signum)
+                return True
+            if not proctable.alive(identity, self.proc_root):
+                return False
+            os.kill(identity[0], signum)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def wait_gone(self, identities, timeout, on_tick=None, tick=0.5):
+        """Wait until none of identities runs, at most timeout seconds (a deadline
+        the on_tick callback may move: it returns the new remaining time).
+        Sleeps in poll() on pidfds; falls back to short sleeps without them."""
+        deadline = time.monotonic() + timeout
+        pending = set(identities)
+        poller = None
+        if self.pidfds:
+            poller = select.poll()
+            for ident in pending:
+                if ident in self.pidfds:
+                    poller.register(self.pidfds[ident], select.POLLIN)
+        while True:
+            pending = {i for i in pending if proctable.alive(i, self.proc_root)}
+            now = time.monotonic()
+            if not pending:
+                return pending
+            if on_tick is not None and now >= deadline:
+                deadline = now + max(0.0, on_tick(now, final=True))
+            if now >= deadline:
+                return pending
+            slice_end = min(deadline, now + tick) if on_tick is not None else deadline
+            pollable = poller is not None and all(i in self.pidfds for i in pending)
+            if pollable:
+                poller.poll(max(0, int((slice_end - now) * 1000)) or 1)
+            else:
+                time.sleep(min(FALLBACK_POLL_SECONDS, max(0.0, slice_end - now)))
+            if on_tick is not None:
+                on_tick(time.monotonic(), final=False)
+
+    def close(self):
+        for fd in self.pidfds.values():
+            os.close(fd)
+        self.pidfds.clear()
+
+    def report(self, identities=None):
+        chosen = self.members if identities is None else identities
+        out = []
+        for ident in chosen:
+            entry = self.members[ident]
+            current = proctable.read_process(ident[0], self.proc_root)
+            running = current is not None and current.starttime == ident[1] and not current.gone
+            proc = current if running else entry["proc"]
+            out.append(dict(proc.as_dict(), role=entry["role"]))
+        return sorted(out, key=lambda p: p["pid"])
+
+
+def orphans(table, main, device_glob, excluded, proc_root):
+    """Reparented processes holding a device (a GPU) that started after the trainer."""
+    if not device_glob:
+        return []
+    found = []
+    for pid in proctable.holders_of(device_glob, table, proc_root):
+        proc = table[pid]
+        parent_gone = proc.ppid not in table or proc.ppid == 1
+        if (pid not in excluded and pid != 1 and parent_gone
+                and proc.starttime >= main.starttime and not proc.gone):
+            found.append(proc)
+    return found
+
+
+def capture(main, table, params, excluded, targets):
+    """The target set before the first signal."""
+    targets.add(main, "main")
+    for pid in proctable.descendants(table, main.pid):
+        if pid not in excluded:
+            targets.add(table[pid], "descendant")
+    # a real group or session (not 0 as under pct exec, not the module's own)
+    own = table.get(os.getpid()) if targets.proc_root == "/proc" else None
+    for field, role in (("pgid", "group"), ("sid", "session")):
+        value = getattr(main, field)
+        if value <= 1 or value not in table or (own is not None and getattr(own, field) == value):
+            continue
+        for proc in table.values():
+            if getattr(proc, field) == value and proc.pid not in excluded and proc.pid != 1:
+                targets.add(proc, role)
+    if params.get("include_wrapper"):
+        parent = table.get(main.ppid)
+        if parent is not None and parent.pid not in excluded and parent.pid != 1:
+            targets.add(parent, "wrapper")
+    for proc in orphans(table, main, params.get("device_glob"), excluded, targets.proc_root):
+        targets.add(proc, "orphan")
+
+
+def stage_pids(stage, main_ident, targets, table, excluded):
+    """Identities one stage signals, refreshed from a new /proc snapshot."""
+    main_proc = targets.members[main_ident]["proc"]
+    if stage["scope"] == "main":
+        return [main_ident] if proctable.alive(main_ident, targets.proc_root) else []
+    # children forked since the capture belong to the tree too
+    for ident in list(targets.alive()):
+        for pid in proctable.descendants(table, ident[0]):
+            if pid not in excluded and pid in table:
+                targets.add(table[pid], "descendant")
+    if stage["scope"] == "group" and main_proc.pgid > 1 and main_proc.pgid in table:
+        return [i for i in targets.alive() if targets.members[i]["proc"].pgid == main_proc.pgid]
+    return targets.alive()
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+def _is_temp(name, temp_patterns):
+    return any(fnmatch.fnmatch(name, pat) for pat in temp_patterns)
+
+
+def checkpoint_entries(directory, pattern, temp_patterns):
+    """{name: {mtime, complete, size}} of candidate checkpoints in directory."""
+    entries = {}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return entries
+    for name in names:
+        if _is_temp(name, temp_patterns) or not fnmatch.fnmatch(name, pattern):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if os.path.isdir(path):
+            size, has_temp, count = 0, False, 0
+            for root, dirs, files in os.walk(path):
+                for item in dirs + files:
+                    has_temp = has_temp or _is_temp(item, temp_patterns)
+                for item in files:
+                    count += 1
+                    try:
+                        size += os.stat(os.path.join(root, item)).st_size
+                    except OSError:
+                        pass
+            complete = count > 0 and size > 0 and not has_temp
+        else:
+            size, complete = st.st_size, st.st_size > 0
+        entries[name] = {"mtime": st.st_mtime, "complete": complete, "size": size}
+    return entries
+
+
+def fingerprint(directory):
+    """Changes whenever anything under directory is written, created or renamed."""
+    total, newest, count = 0, 0, 0
+    for root, dirs, files in os.walk(directory):
+        for item in dirs + files:
+            try:
+                st = os.lstat(os.path.join(root, item))
+            except OSError:
+                continue
+            count += 1
+            total += st.st_size
+            newest = max(newest, st.st_mtime_ns)
+    return (count, total, newest)
+
+
+def checkpoint_report(params, before):
+    directory = params["checkpoint_dir"]
+    pattern = params.get("checkpoint_pattern") or "*"
+    temp = params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
+    after = checkpoint_entries(directory, pattern, temp)
+    complete = {n: e for n, e in after.items() if e["complete"]}
+    newest = max(complete, key=lambda n: complete[n]["mtime"]) if complete else None
+    new = sorted((n for n, e in complete.items()
+                  if n not in before or before[n]["mtime"] != e["mtime"]),
+                 key=lambda n: complete[n]["mtime"])
+    temp_left = []
+    try:
+        temp_left = sorted(n for n in os.listdir(directory) if _is_temp(n, temp))
+    except OSError:
+        pass
+    return {
+        "dir": directory,
+        "newest": os.path.join(directory, newest) if newest else None,
+        "newest_age_s": round(time.time() - complete[newest]["mtime"], 3) if newest else None,
+        "new": os.path.join(directory, new[-1]) if new else None,
+        "written": bool(new),
+        "temp_files_left": temp_left,
+    }
+
+
+# -- diagnostics ------------------------------------------------------------------------------
+
+def diagnostics(main_ident, params, proc_root):
+    pid = main_ident[0]
+    threads = proctable.threads_report(pid, proc_root)
+    report = {"pid": pid, "threads": threads, "py_spy": None}
+    py_spy = params.get("py_spy") or shutil.which("py-spy")
+    if not py_spy or params.get("py_spy") is False:
+        report["py_spy"] = "py-spy not found"
+        return report
+    if any(t["state"] == "D" for t in threads):
+        # ptrace on an uninterruptible task would hang py-spy itself
+        report["py_spy"] = "skipped: a thread is in D state"
+        return report
+    try:
+        out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=params.get("py_spy_timeout", 10), check=False)
+        report["py_spy"] = (out.stdout + out.stderr).strip()[-8000:]
+    except subprocess.TimeoutExpired:
+        report["py_spy"] = "py-spy dump timed out"
+    except OSError as err:
+        report["py_spy"] = f"py-spy failed: {err}"
+    return report
+
+
+# -- the stop ---------------------------------------------------------------------------------
+
+def _disposition_notes(main, stages):
+    notes, dispositions = [], {}
+    for stage in stages:
+        name = stage["signal"].name
+        dispositions[name] = main.disposition(stage["signal"])
+    first = stages[0]["signal"]
+    state = dispositions[first.name]
+    if state == "ignored":
+        notes.append(f"{first.name} is ignored by PID {main.pid} (SigIgn): "
+                     "its handler cannot run, so it cannot checkpoint on this signal")
+    elif state == "default" and first not in (signal.SIGKILL, signal.SIGSTOP):
+        notes.append(f"{first.name} is not caught by PID {main.pid} (SigCgt): "
+                     "it will end the process without a checkpoint")
+    return dispositions, notes
+
+
+def run(params, proc_root="/proc", check_mode=False):
+    """Stop the trainer as params say. Returns the result; raises StopFailed."""
+    started = time.monotonic()
+    stages = validate_ladder(params.get("ladder") or DEFAULT_LADDER)
+    table = proctable.snapshot(proc_root)
+    excluded = set(proctable.ancestors(table, os.getpid())) if proc_root == "/proc" else set()
+    excluded.update(params.get("exclude_pids") or [])
+    main, found = find_trainer(params, table, excluded, proc_root)
+    result = {"changed": False, "stopped": True, "stopped_by": None, "timeline": [],
+              "targets": [], "survivors": [], "diagnostics": None, "checkpoint": None,
+              "signal_dispositions": {}, "notes": [], "found": found,
+              "ladder": [dict(s, signal=s["signal"].name) for s in stages]}
+    before = {}
+    if params.get("checkpoint_dir"):
+        before = checkpoint_entries(params["checkpoint_dir"],
+                                    params.get("checkpoint_pattern") or "*",
+                                    params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS)
+    if main is None:
+        result["msg"] = "no trainer running" + (
+            f" ({found['pidfile_reason']})" if found["pidfile_reason"] else "")
+        if params.get("checkpoint_dir"):
+            result["checkpoint"] = checkpoint_report(params, before)
+        return result
+
+    targets = Targets(proc_root, use_pidfd=params.get("use_pidfd", True))
+    try:
+        capture(main, table, params, excluded, targets)
+        main_ident = main.identity
+        result["targets"] = targets.report()
+        result["signal_dispositions"], result["notes"] = _disposition_notes(main, stages)
+        result["changed"] = True
+        if check_mode:
+            result["stopped"] = False
+            result["msg"] = (f"would stop PID {main.pid} and {len(result['targets']) - 1} more "
+                             f"with {' -> '.join(s['signal'].name for s in stages)}")
+            return result
+        return _run_ladder(params, stages, main_ident, targets, excluded, before, result, started)
+    finally:
+        targets.close()
+
+
+def _event(result, started, **fields):
+    now = time.monotonic()
+    fields.update(t=round(now, 6), elapsed=round(now - started, 3))
+    result["timeline"].append(fields)
+
+
+def _run_ladder(params, stages, main_ident, targets, excluded, before, result, started):
+    proc_root = targets.proc_root
+    main_pid = main_ident[0]
+    stopped_by = None
+    for index, stage in enumerate(stages):
+        name = stage["signal"].name
+        if (stage["scope"] == "main" and params.get("skip_ignored_stage", True)
+                and result["signal_dispositions"].get(name) == "ignored"):
+            _event(result, started, event="skipped", stage=index, signal=name,
+                   reason=f"{name} is ignored by PID {main_pid}")
+            continue
+        if index > 0 and result["diagnostics"] is None and proctable.alive(main_ident, proc_root):
+            result["diagnostics"] = diagnostics(main_ident, params, proc_root)
+        table = proctable.snapshot(proc_root)
+        main_proc = targets.members[main_ident]["proc"]
+        for proc in orphans(table, main_proc, params.get("device_glob"), excluded, proc_root):
+            targets.add(proc, "orphan")
+        chosen = stage_pids(stage, main_ident, targets, table, excluded)
+        sent = [ident[0] for ident in chosen if targets.send(ident, stage["signal"])]
+        if stage["signal"] != signal.SIGKILL:
+            for ident in chosen:  # a stopped (T) process must run to act on the signal
+                targets.send(ident, signal.SIGCONT)
+        _event(result, started, event="signal", stage=index, signal=name,
+               scope=stage["scope"], pids=sorted(sent))
+        remaining = _wait_stage(params, stage, index, targets, result, started)
+        if not remaining:
+            # nothing of the set runs; orphans that surfaced meanwhile keep us going
+            late = orphans(proctable.snapshot(proc_root), main_proc, params.get("device_glob"),
+                           excluded, proc_root)
+            for proc in late:
+                targets.add(proc, "orphan")
+            if not targets.alive():
+                stopped_by = {"stage": index, "signal": name, "scope": stage["scope"]}
+                _event(result, started, event="stopped", stage=index, signal=name)
+                break
+    result["targets"] = targets.report()
+    result["stopped_by"] = stopped_by
+    if params.get("checkpoint_dir"):
+        result["checkpoint"] = checkpoint_report(params, before)
+    survivors = targets.alive()
+    result["survivors"] = [dict(p, threads=proctable.threads_report(p["pid"], proc_root))
+                           for p in targets.report(survivors)]
+    result["stopped"] = not survivors
+    result["msg"] = _summary(result, main_pid, started)
+    if survivors:
+        states = ", ".join(f"PID {p['pid']} state {p['state']}" for p in result["survivors"])
+        raise StopFailed(f"{len(survivors)} process(es) survived the last stage: {states}. "
+                         + result["msg"], result)
+    if params.get("require_checkpoint") and not (result["checkpoint"] or {}).get("written"):
+        raise StopFailed("stopped, but no new complete checkpoint appeared in "
+                         f"{params.get('checkpoint_dir')}. " + result["msg"], result)
+    return result
+
+
+def _wait_stage(params, stage, index, targets, result, started):
+    """Wait for the set to go; the first stage waits longer while a checkpoint is written."""
+    base = stage["wait"]
+    directory = params.get("checkpoint_dir") if index == 0 else None
+    if not directory:
+        return targets.wait_gone(targets.alive(), base)
+    window = float(params.get("checkpoint_activity_window", 5))
+    cap_at = time.monotonic() + max(base, float(params.get("checkpoint_max_wait", 900)))
+    state = {"print": fingerprint(directory), "changed_at": None, "extended": 0.0}
+
+    def on_tick(now, final):
+        current = fingerprint(directory)
+        if current != state["print"]:
+            state["print"], state["changed_at"] = current, now
+        if not final:
+            return 0.0
+        recent = state["changed_at"] is not None and now - state["changed_at"] < window
+        if not recent or now >= cap_at:
+            return 0.0
+        extra = min(window, cap_at - now)
+        state["extended"] += extra
+        return extra
+
+    remaining = targets.wait_gone(targets.alive(), base, on_tick=on_tick)
+    if state["extended"]:
+        _event(result, started, event="wait_extended", stage=index,
+               by=round(state["extended"], 3),
+               reason=f"{directory} was still being written")
+    return remaining
+
+
+def _summary(result, main_pid, started):
+    took = round(time.monotonic() - started, 1)
+    if result["survivors"]:
+        head = f"PID {main_pid} NOT stopped after {took}s"
+    elif result["stopped_by"]:
+        by = result["stopped_by"]
+        head = f"stopped PID {main_pid} at stage {by['stage'] + 1} ({by['signal']}) in {took}s"
+    else:
+        head = f"PID {main_pid} stopped in {took}s"
+    ckpt = result.get("checkpoint")
+    if ckpt is not None:
+        head += ("; new checkpoint " + ckpt["new"]) if ckpt["written"] else "; NO new checkpoint"
+    return head

@@ -1,0 +1,232 @@
+"""Fault matrix of dflash.lifecycle.staged_stop: the example trainer in a real CT (ct201),
+started through pct exec without a tty, stopped by the module through the pct connection."""
+
+import json
+import os
+import shlex
+import time
+
+import ansible_runner
+import pytest
+
+from conftest import BIN, REPO, TRAINER, run_tool
+
+CT, NODE, VMID = "ct201", "pve1", "201"
+OUT = "/workspace/ck"
+PATTERN = "train_dflash_pipeline[.]py"
+ARGS = ("--target-model /dev/shm/m --data-dir /workspace/data --output-dir /workspace/ck "
+        "--target-gpus 0,1,2,3,4 --drafter-gpus 5,6,7 --profile-interval 5")
+FAST_LADDER = [{"signal": "SIGINT", "scope": "main", "wait": 20},
+               {"signal": "SIGTERM", "scope": "tree", "wait": 3},
+               {"signal": "SIGKILL", "scope": "tree", "wait": 5}]
+
+
+class CT201:
+    def __init__(self, testbed):
+        self.testbed = testbed
+
+    def sh(self, command, check=True):
+        return self.testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}",
+                                check=check)
+
+    def trainer_pids(self):
+        return [int(p) for p in self.sh(f"pgrep -f {PATTERN}", check=False).stdout.split()]
+
+    def launch(self, env="", how="setsid", extra="", workers=0):
+        """how: setsid (own session, SIGINT at default), background (`nohup bash run.sh &`
+        from a non-interactive bash: SIGINT ignored), wrapper (`bash run.sh &`, PGID 0)."""
+        env = f"DFLASH_STEP_SECONDS=0.02 DFLASH_TEST_WORKERS={workers} {env}"
+        script = f"cd /workspace\nexport {env}\npython3 -u /root/train_dflash_pipeline.py {ARGS} {extra}\n"
+        self.testbed.ssh(NODE, f"pct exec {VMID} -- sh -c 'cat > /root/run.sh'", input=script,
+                         check=True)
+        if how == "setsid":
+            launch = "setsid -f bash /root/run.sh > /workspace/train.log 2>&1 < /dev/null"
+        elif how == "background":
+            launch = "bash -c 'nohup bash /root/run.sh > /workspace/train.log 2>&1 < /dev/null &'"
+        else:
+            launch = "bash -c 'bash /root/run.sh > /workspace/train.log 2>&1 < /dev/null &'"
+        self.sh(launch)
+        deadline = time.monotonic() + 30
+        while "tok/s" not in self.sh("cat /workspace/train.log", check=False).stdout:
+            assert time.monotonic() < deadline, self.sh("cat /workspace/train.log").stdout
+            time.sleep(0.1)
+
+    def processes(self):
+        return self.sh("ps -eo pid=,pgid=,sid=,args=").stdout
+
+
+@pytest.fixture
+def ct(testbed):
+    box = CT201(testbed)
+    box.testbed.ssh(NODE, f"pct push {VMID} {TRAINER} /root/train_dflash_pipeline.py", check=True)
+    box.sh(f"rm -rf {OUT} /workspace/train.log && mkdir -p {OUT} /workspace/data /dev/shm/m")
+    yield box
+    # whatever a failed test left: the test's own trainer tree, by PID, inside the CT
+    for line in box.processes().splitlines():
+        if "train_dflash_pipeline" in line or "run.sh" in line or "sleep 600" in line:
+            box.sh(f"kill -KILL {line.split()[0]}", check=False)
+
+
+def stop(tmp_path, check=False, expect_failure=False, **params):
+    """Run the module through ansible-runner (as AWX does); its result and whether it failed."""
+    params.setdefault("pattern", PATTERN)
+    (tmp_path / "runner").mkdir(exist_ok=True)
+    run = ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"), host_pattern=CT,
+        inventory=os.path.join(REPO, "inventory", "testbed"),
+        module="dflash.lifecycle.staged_stop", module_args=json.dumps(params),
+        cmdline="--check" if check else None, quiet=True)
+    outcomes = [(e["event"], e["event_data"]["res"]) for e in run.events
+                if e["event"] in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")]
+    assert len(outcomes) == 1, run.stdout.read()
+    event, result = outcomes[0]
+    assert (event == "runner_on_failed") == expect_failure, json.dumps(result, indent=1)
+    return result
+
+
+def signals(result):
+    return [(e["signal"], e["scope"]) for e in result["timeline"] if e["event"] == "signal"]
+
+
+def test_1_well_behaved_stops_at_sigint_with_checkpoint(ct, tmp_path):
+    ct.launch()
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  require_checkpoint=True, ladder=FAST_LADDER)
+    assert result["stopped_by"] == {"stage": 0, "signal": "SIGINT", "scope": "main"}
+    assert signals(result) == [("SIGINT", "main")]
+    assert result["checkpoint"]["written"] and result["checkpoint"]["new"].startswith(OUT + "/step_")
+    assert result["timeline"][-1]["event"] == "stopped"
+    assert result["survivors"] == [] and ct.trainer_pids() == []
+    assert result["changed"] is True
+
+
+def test_2_background_launch_sigint_ignored_is_detected_and_skipped(ct, tmp_path):
+    ct.launch(how="background")
+    result = stop(tmp_path, ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},
+                                    {"signal": "SIGTERM", "scope": "tree", "wait": 10},
+                                    {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
+    assert result["signal_dispositions"]["SIGINT"] == "ignored"
+    assert any("SIGINT is ignored" in note for note in result["notes"])
+    assert result["timeline"][0]["event"] == "skipped"
+    assert result["stopped_by"]["signal"] == "SIGTERM"
+    assert result["timeline"][-1]["elapsed"] < 60  # the 60 s SIGINT wait was not waited out
+
+
+def test_3_blocked_in_c_call_stops_at_sigint_once_it_returns(ct, tmp_path):
+    ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=3", extra="--profile-interval 1")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    assert result["stopped_by"]["signal"] == "SIGINT"
+    assert result["checkpoint"]["written"]
+
+
+def test_4a_growing_checkpoint_extends_the_wait(ct, tmp_path):
+    ct.launch(env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  checkpoint_activity_window=2, checkpoint_max_wait=60,
+                  ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
+                          {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
+    assert signals(result) == [("SIGINT", "main")]  # no SIGKILL inside the cap
+    extended = [e for e in result["timeline"] if e["event"] == "wait_extended"]
+    assert extended and extended[0]["by"] > 0
+    assert result["checkpoint"]["written"] and result["checkpoint"]["temp_files_left"] == []
+
+
+def test_4b_quiet_checkpoint_dir_is_not_waited_on(ct, tmp_path):
+    ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=30", extra="--profile-interval 1")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  checkpoint_activity_window=2, checkpoint_max_wait=60,
+                  ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
+                          {"signal": "SIGTERM", "scope": "tree", "wait": 5},
+                          {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
+    assert not [e for e in result["timeline"] if e["event"] == "wait_extended"]
+    assert ("SIGTERM", "tree") in signals(result)
+
+
+def test_5_ignores_sigint_and_sigterm_ends_at_sigkill_with_diagnostics(ct, tmp_path):
+    ct.launch(env="DFLASH_TEST_IGNORE_SIGINT=1 DFLASH_TEST_IGNORE_SIGTERM=1")
+    result = stop(tmp_path, ladder=FAST_LADDER)
+    assert result["stopped_by"]["signal"] == "SIGKILL"
+    assert [s for s, _ in signals(result)] == ["SIGTERM", "SIGKILL"]  # SIGINT skipped
+    diag = result["diagnostics"]
+    assert diag["threads"] and all({"tid", "state", "wchan"} <= set(t) for t in diag["threads"])
+    assert diag["py_spy"]  # the dump, or why there is none
+
+
+def test_6_wrapper_trainer_workers_with_pgid_0_nothing_left(ct, tmp_path):
+    ct.launch(how="wrapper", workers=3)
+    before = ct.processes()
+    trainer_lines = [line for line in before.splitlines() if "train_dflash" in line]
+    assert len(trainer_lines) == 4  # the trainer and 3 forked workers
+    assert all(line.split()[1:3] == ["0", "0"] for line in trainer_lines)  # PGID 0, SID 0
+    result = stop(tmp_path, include_wrapper=True, ladder=FAST_LADDER)
+    roles = sorted(t["role"] for t in result["targets"])
+    assert roles == ["descendant"] * 3 + ["main", "wrapper"]
+    assert result["survivors"] == []
+    after = ct.processes()
+    assert "train_dflash" not in after and "run.sh" not in after
+
+
+def test_7_nothing_running(ct, tmp_path):
+    result = stop(tmp_path)
+    assert result["changed"] is False and result["timeline"] == []
+    assert result["msg"].startswith("no trainer running")
+
+
+def test_8_two_matches_fail_and_nothing_is_signalled(ct, tmp_path):
+    ct.launch()
+    ct.sh("cd /workspace && setsid -f python3 -u /root/train_dflash_pipeline.py "
+          f"{ARGS.replace(OUT, OUT + '2')} > /workspace/second.log 2>&1 < /dev/null")
+    pids = ct.trainer_pids()
+    assert len(pids) == 2
+    result = stop(tmp_path, expect_failure=True)
+    assert sorted(m["pid"] for m in result["matches"]) == sorted(pids)
+    assert "Nothing was signalled" in result["msg"]
+    assert sorted(ct.trainer_pids()) == sorted(pids)
+    assert "KeyboardInterrupt" not in ct.sh("cat /workspace/train.log").stdout
+
+
+def test_9_stale_pidfile_names_another_process(ct, tmp_path):
+    ct.sh("touch -d '1 hour ago' /workspace/stale.pid; setsid -f sleep 600 < /dev/null "
+          "> /dev/null 2>&1")
+    other = ct.sh("pgrep -x -f 'sleep 600'").stdout.split()[0]
+    ct.sh(f"echo {other} > /workspace/stale.pid && touch -d '1 hour ago' /workspace/stale.pid")
+    result = stop(tmp_path, pidfile="/workspace/stale.pid", pattern=None)
+    assert result["changed"] is False
+    assert result["found"]["pidfile_stale"] is True
+    assert "started after the pidfile was written" in result["found"]["pidfile_reason"]
+    assert ct.sh(f"kill -0 {other}", check=False).returncode == 0  # not signalled
+
+
+def test_10_check_mode_signals_nothing(ct, tmp_path):
+    ct.launch()
+    pids = ct.trainer_pids()
+    result = stop(tmp_path, check=True, checkpoint_dir=OUT)
+    assert result["changed"] is True and result["stopped"] is False
+    assert result["timeline"] == []
+    assert [t["pid"] for t in result["targets"] if t["role"] == "main"] == pids
+    assert [s["signal"] for s in result["ladder"]] == ["SIGINT", "SIGTERM", "SIGKILL"]
+    time.sleep(0.5)
+    assert ct.trainer_pids() == pids
+    assert "KeyboardInterrupt" not in ct.sh("cat /workspace/train.log").stdout
+
+
+def test_pidfile_identity_is_used_first(ct, tmp_path):
+    ct.launch()
+    (pid,) = ct.trainer_pids()
+    start = ct.sh(f"cut -d')' -f2 /proc/{pid}/stat").stdout.split()[19]
+    ct.sh(f"echo '{pid} {start}' > /workspace/trainer.pid")
+    result = stop(tmp_path, pidfile="/workspace/trainer.pid", ladder=FAST_LADDER)
+    assert result["found"]["source"] == "pidfile"
+    assert result["stopped_by"]["signal"] == "SIGINT"
+
+
+def test_bad_ladder_names_the_entry(ct, tmp_path):
+    result = stop(tmp_path, expect_failure=True,
+                  ladder=[{"signal": "SIGINT", "scope": "everything", "wait": 1}])
+    assert "ladder[0].scope" in result["msg"]
+
+
+def test_ansible_doc_renders_the_module():
+    res = run_tool([os.path.join(BIN, "ansible-doc"), "dflash.lifecycle.staged_stop"])
+    assert "checkpoint_max_wait" in res.stdout
+    assert REPO  # run from the repository's ansible.cfg
