@@ -230,3 +230,17 @@ def test_ansible_doc_renders_the_module():
     res = run_tool([os.path.join(BIN, "ansible-doc"), "dflash.lifecycle.staged_stop"])
     assert "checkpoint_max_wait" in res.stdout
     assert REPO  # run from the repository's ansible.cfg
+
+
+def test_trainer_stop_role_check_mode_then_real(ct, testbed):
+    ct.launch()
+    pids = ct.trainer_pids()
+    playbook = os.path.join(REPO, "playbooks", "stop.yml")
+    res = testbed.playbook(playbook, "-l", CT, "--check", "-e", f"trainer_stop_checkpoint_dir={OUT}")
+    assert "would stop PID" in res.stdout and ct.trainer_pids() == pids
+    res = testbed.playbook(playbook, "-l", CT, "-e", f"trainer_stop_checkpoint_dir={OUT}",
+                           "-e", "trainer_stop_require_checkpoint=true")
+    assert "at stage 1 (SIGINT)" in res.stdout and "new checkpoint" in res.stdout
+    assert ct.trainer_pids() == []
+    res = testbed.playbook(playbook, "-l", CT)  # nothing running: ok, not changed
+    assert "changed=0" in res.stdout and "no trainer running" in res.stdout
