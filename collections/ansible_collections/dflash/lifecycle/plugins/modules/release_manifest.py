@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: release_manifest
+short_description: Content hash, file manifest and archive of the trainer code, on the controller
+version_added: 0.1.0
+author: dflash-lifecycle contributors
+description:
+  - Selects the trainer files from a local directory (or a git ref of a local repository), computes
+    the sha256 of each and the release id (a hash of paths, modes and contents), and writes one tar
+    archive of them for the push.
+  - Meant to run on the controller (C(delegate_to: localhost)); it changes nothing it manages, so
+    it also runs in check mode.
+options:
+  src:
+    description: Directory holding the trainer code. Ignored when O(git_repo) is set.
+    type: path
+  git_repo:
+    description: A local git repository to take the code from, at O(git_ref).
+    type: path
+  git_ref:
+    description: Commit, branch or tag of O(git_repo).
+    type: str
+    default: HEAD
+  include:
+    description: Globs of files to ship, matched against the relative path and the file name.
+    type: list
+    elements: str
+    default: ["*"]
+  exclude:
+    description: Globs of files to leave out.
+    type: list
+    elements: str
+    default: ["__pycache__/*", "*.pyc", ".git/*"]
+  archive_dir:
+    description: Where to write the archive C(<release>.tar) (created if missing).
+    type: path
+    required: true
+attributes:
+  check_mode:
+    support: full
+    details: Works the same in check mode; the archive is a controller-side temporary file.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Manifest of the trainer checkout
+  dflash.lifecycle.release_manifest:
+    src: ~/src/dflash
+    include: ["*.py", "configs/*.yaml"]
+    archive_dir: /tmp/dflash-releases
+  delegate_to: localhost
+  run_once: true
+  register: trainer_manifest
+"""
+
+RETURN = r"""
+release:
+  description: Release id, the content hash.
+  returned: always
+  type: str
+  sample: 3f9c0d6a41b2e7c5
+files:
+  description: The manifest, relative path to sha256 and mode.
+  returned: always
+  type: dict
+archive:
+  description: Path of the archive on the controller.
+  returned: always
+  type: str
+archive_sha256:
+  description: sha256 of the archive, checked inside the CT after the push.
+  returned: always
+  type: str
+archive_bytes:
+  description: Size of the archive.
+  returned: always
+  type: int
+"""
+
+import os
+import shutil
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import releases
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "src": {"type": "path"},
+            "git_repo": {"type": "path"},
+            "git_ref": {"type": "str", "default": "HEAD"},
+            "include": {"type": "list", "elements": "str", "default": ["*"]},
+            "exclude": {"type": "list", "elements": "str",
+                        "default": ["__pycache__/*", "*.pyc", ".git/*"]},
+            "archive_dir": {"type": "path", "required": True},
+        },
+        required_one_of=[("src", "git_repo")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    export = None
+    try:
+        src = params["src"]
+        if params["git_repo"]:
+            export = tempfile.mkdtemp(prefix="dflash-git-")
+            releases.git_export(params["git_repo"], params["git_ref"], export)
+            src = export
+        manifest = releases.build_manifest(src, params["include"], params["exclude"])
+        release = releases.release_id(manifest)
+        os.makedirs(params["archive_dir"], mode=0o700, exist_ok=True)
+        archive = os.path.join(params["archive_dir"], f"{release}.tar")
+        archive_sha256 = releases.write_archive(src, manifest, archive)
+    except releases.ReleaseError as err:
+        module.fail_json(msg=str(err))
+    finally:
+        if export:
+            shutil.rmtree(export, ignore_errors=True)
+    module.exit_json(changed=False, release=release, files=manifest, archive=archive,
+                     archive_sha256=archive_sha256, archive_bytes=os.path.getsize(archive))
+
+
+if __name__ == "__main__":
+    main()
