@@ -104,8 +104,8 @@ def git_export(repo, ref, dest):
 
 
 def write_archive(src, manifest, path):
-    """One tar of the manifest's files (owner root, modes as in the manifest)."""
-    with tarfile.open(path, "w") as tar:
+    """One gzipped tar of the manifest's files (owner root, modes as in the manifest)."""
+    with tarfile.open(path, "w:gz", compresslevel=6) as tar:
         for rel in sorted(manifest):
             info = tar.gettarinfo(os.path.join(src, rel), arcname=rel)
             info.uid = info.gid = 0

@@ -37,7 +37,7 @@ options:
     elements: str
     default: ["__pycache__/*", "*.pyc", ".git/*"]
   archive_dir:
-    description: Where to write the archive C(<release>.tar) (created if missing).
+    description: Where to write the archive C(<release>.tar.gz) (created if missing).
     type: path
     required: true
 attributes:
@@ -119,7 +119,7 @@ def main():
         manifest = releases.build_manifest(src, params["include"], params["exclude"])
         release = releases.release_id(manifest)
         os.makedirs(params["archive_dir"], mode=0o700, exist_ok=True)
-        archive = os.path.join(params["archive_dir"], f"{release}.tar")
+        archive = os.path.join(params["archive_dir"], f"{release}.tar.gz")
         archive_sha256 = releases.write_archive(src, manifest, archive)
     except releases.ReleaseError as err:
         module.fail_json(msg=str(err))
