@@ -30,6 +30,17 @@ os.environ["PATH"] = BIN + os.pathsep + os.environ["PATH"]
 os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
 
 
+RUN_VARS = os.path.join(REPO, "inventory", "production", "group_vars", "dflash_trainers", "run.yml")
+
+
+def example_settings():
+    """The dflash_* group_vars shipped as the example, without the prefix."""
+    import yaml
+    with open(RUN_VARS, encoding="utf-8") as handle:
+        group_vars = yaml.safe_load(handle)
+    return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
+
+
 def tool_env():
     return dict(os.environ, ANSIBLE_NOCOLOR="1")
 

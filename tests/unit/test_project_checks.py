@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from conftest import BIN, run_tool
 
 
@@ -9,6 +11,14 @@ def test_ansible_doc_renders_the_connection_plugin():
     res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", "connection", "dflash.lifecycle.pct"])
     assert "CONNECTION dflash.lifecycle.pct" in res.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "")
     assert "ansible_pct_vmid" in res.stdout
+
+
+@pytest.mark.parametrize("module", ["staged_stop", "release_manifest", "trainer_release",
+                                    "trainer_preflight", "trainer_process"])
+def test_ansible_doc_renders_each_module(module):
+    res = run_tool([os.path.join(BIN, "ansible-doc"), f"dflash.lifecycle.{module}"], check=False)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr
+    assert "EXAMPLES" in res.stdout and "RETURN VALUES" in res.stdout
 
 
 def test_ansible_lint_production_profile():

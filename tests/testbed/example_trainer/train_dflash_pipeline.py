@@ -92,6 +92,7 @@ def parse_args(argv):
                    help="resume from a checkpoint dir, or the latest one in --output-dir")
     p.add_argument("--save-interval", type=int, default=1000, help="steps between checkpoints")
     p.add_argument("--steps-per-epoch", type=int, default=2000)
+    p.add_argument("--tag", default="", help="free-form run label, logged as given")
     args = p.parse_args(argv)
     if set(args.target_gpus) & set(args.drafter_gpus):
         p.error("--target-gpus and --drafter-gpus overlap")
@@ -278,7 +279,8 @@ def train(args):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.makedirs(args.output_dir, exist_ok=True)
     log(f"DFlash trainer pid={os.getpid()} target_gpus={args.target_gpus} "
-        f"drafter_gpus={args.drafter_gpus} output_dir={args.output_dir}")
+        f"drafter_gpus={args.drafter_gpus} output_dir={args.output_dir} tag={args.tag!r} "
+        f"secrets_in_env={sorted(k for k in ('WANDB_API_KEY', 'HF_TOKEN') if k in env)}")
     if env.get("DFLASH_TEST_CRASH_AT_START") == "1":
         raise RuntimeError("crash at start requested by DFLASH_TEST_CRASH_AT_START")
     gpu_handles = open_gpus(args.target_gpus + args.drafter_gpus)  # noqa: F841

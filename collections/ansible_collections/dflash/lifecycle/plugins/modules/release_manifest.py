@@ -13,7 +13,7 @@ description:
   - Selects the trainer files from a local directory (or a git ref of a local repository), computes
     the sha256 of each and the release id (a hash of paths, modes and contents), and writes one tar
     archive of them for the push.
-  - Meant to run on the controller (C(delegate_to: localhost)); it changes nothing it manages, so
+  - Meant to run on the controller (delegated to localhost); it changes nothing it manages, so
     it also runs in check mode.
 options:
   src:

@@ -10,13 +10,13 @@ short_description: Install, activate and roll back content-addressed trainer rel
 version_added: 0.1.0
 author: dflash-lifecycle contributors
 description:
-  - Layout under O(base) inside the container; C(releases/<id>/) holds one release, C(current) and
+  - Layout under O(base) inside the container. C(releases/<id>/) holds one release, C(current) and
     C(previous) are symlinks into C(releases/).
   - V(status) reports what is installed in one round trip.
   - V(install) unpacks an archive already pushed into the CT under a temporary name, checks the
     archive and every file against the controller's checksums (C(pct push) exits 0 even when the
-    copy failed), compiles every .py with the CT's own python (a syntax error fails with
-    C(file:line: message) and changes nothing), renames the release into place and prunes old
+    copy failed), compiles every .py with the CT's own python (a syntax error fails, naming the
+    file, the line and the message, and changes nothing), renames the release into place and prunes old
     releases. It never touches C(current).
   - V(activate) points C(current) at the release (the former one becomes C(previous)), with atomic
     symlink renames, and links legacy paths such as C(/root/train_dflash_pipeline.py) into it.

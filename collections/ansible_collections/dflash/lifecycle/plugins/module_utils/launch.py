@@ -1,0 +1,210 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Preflight checks and the launch of the trainer inside a CT (Python 3.8 compatible).
+
+The launch follows DESIGN.md "Launch contract": its own session, SIGINT and SIGTERM at
+their default dispositions (a background job of a non-interactive shell would inherit
+SIGINT ignored, and the graceful stop would be useless), stdin from /dev/null, output
+appended to a rotated log, and a pidfile naming the Python process itself (the wrapper
+script execs it), written without following symlinks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+
+TAIL_LINES = 20
+
+
+class LaunchError(Exception):
+    def __init__(self, msg, **details):
+        super().__init__(msg)
+        self.details = details
+
+
+# -- preflight ----------------------------------------------------------------------------
+
+def count_gpus(nvidia_smi="nvidia-smi"):
+    try:
+        out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60,
+                             check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return 0, f"{nvidia_smi} -L failed: {err}"
+    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+    return len(gpus), None if out.returncode == 0 else out.stderr.strip()
+
+
+def free_bytes(path):
+    """Free space where path is (or would be created)."""
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "/"
+    st = os.statvfs(probe)
+    return st.f_bavail * st.f_frsize, probe
+
+
+def preflight(params):
+    """Every check with its outcome; the failures name the check and what was found."""
+    checks = []
+
+    def check(name, ok, found, hint=""):
+        checks.append({"check": name, "ok": bool(ok), "found": found, "hint": hint})
+
+    gpus, error = count_gpus(params.get("nvidia_smi") or "nvidia-smi")
+    needed = params.get("gpus_needed") or 0
+    check("gpus_visible", gpus >= needed and not error,
+          f"{gpus} GPUs from nvidia-smi -L" + (f" ({error})" if error else ""),
+          f"the run needs GPU ids up to {needed - 1}" if needed else "")
+    model = params["target_model"]
+    check("target_model", os.path.isfile(os.path.join(model, "config.json")),
+          f"{model}: " + ("no config.json" if os.path.isdir(model) else "missing"),
+          "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back"
+          if model.startswith("/dev/shm") else "")
+    data = params["data_dir"]
+    entries = os.listdir(data) if os.path.isdir(data) else None
+    check("data_dir", bool(entries),
+          f"{data}: " + ("missing" if entries is None else f"{len(entries)} entries"))
+    free, where = free_bytes(params["output_dir"])
+    minimum = int(float(params.get("min_free_gb") or 0) * 1024 ** 3)
+    check("output_dir_free_space", free >= minimum,
+          f"{free / 1024 ** 3:.1f} GiB free at {where}",
+          f"needs {params.get('min_free_gb')} GiB for checkpoints")
+    checkpoints = staged_stop.checkpoint_entries(
+        params["output_dir"], params.get("checkpoint_pattern") or "step_*",
+        staged_stop.DEFAULT_TEMP_PATTERNS)
+    return {"checks": checks, "gpu_count": gpus,
+            "checkpoint_present": any(e["complete"] for e in checkpoints.values()),
+            "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+# -- running trainer / busy GPUs -----------------------------------------------------------
+
+def running_trainer(pidfile, pattern, proc_root="/proc"):
+    """The trainer already running (by pidfile or pattern), or None."""
+    table = proctable.snapshot(proc_root)
+    excluded = set(proctable.ancestors(table, os.getpid()))
+    main, _found = staged_stop.find_trainer({"pidfile": pidfile, "pattern": pattern,
+                                             "select": "oldest"}, table, excluded, proc_root)
+    return main
+
+
+def gpu_holders(device_paths, proc_root="/proc"):
+    table = proctable.snapshot(proc_root)
+    busy = {}
+    for path in device_paths:
+        for pid in proctable.holders_of(path, table, proc_root):
+            busy.setdefault(path, []).append({"pid": pid, "cmdline": table[pid].cmdline[:200]})
+    return busy
+
+
+# -- files -----------------------------------------------------------------------------------
+
+def secure_dir(path):
+    """A root-owned, non-group/world-writable real directory (created 0700 when missing)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LaunchError(f"{path} must be a directory owned by uid {os.geteuid()} and not "
+                          "writable by group or others (not a symlink)")
+
+
+def write_pidfile(path, pid, starttime):
+    """'PID STARTTIME', replaced atomically; O_NOFOLLOW refuses a planted symlink."""
+    secure_dir(os.path.dirname(path))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{pid} {starttime}\n")
+    os.rename(tmp, path)
+
+
+def rotate_logs(log_file, keep):
+    """train.log -> train.log.1 -> ... ; at most keep old logs."""
+    if keep < 1 or not os.path.exists(log_file):
+        return
+    for index in range(keep - 1, 0, -1):
+        older = f"{log_file}.{index}"
+        if os.path.exists(older):
+            os.replace(older, f"{log_file}.{index + 1}")
+    os.replace(log_file, f"{log_file}.1")
+
+
+def log_tail(log_file, offset=0, lines=TAIL_LINES):
+    try:
+        with open(log_file, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+# -- launch ------------------------------------------------------------------------------------
+
+def _child_setup():
+    """In the child before exec: default dispositions and an empty signal mask."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def start(params):
+    """Start the trainer and wait until it is healthy. Returns facts about it."""
+    log_file = params["log_file"]
+    os.makedirs(os.path.dirname(log_file), mode=0o755, exist_ok=True)
+    rotate_logs(log_file, params.get("log_keep", 5))
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+    offset = os.fstat(log_fd).st_size
+    try:
+        proc = subprocess.Popen(params["command"], cwd=params.get("cwd") or "/",
+                                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                close_fds=True, start_new_session=True, preexec_fn=_child_setup)
+    finally:
+        os.close(log_fd)
+    me = proctable.read_process(proc.pid)
+    write_pidfile(params["pidfile"], proc.pid, me.starttime if me else 0)
+    return wait_healthy(proc, params, offset)
+
+
+def wait_healthy(proc, params, offset):
+    regex = re.compile(params.get("health_regex") or r"tok/s")
+    began = time.monotonic()
+    deadline = began + float(params.get("health_timeout", 300))
+    min_alive = float(params.get("health_seconds", 5))
+    seen = None
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise LaunchError(
+                f"the trainer (PID {proc.pid}) exited with status {code} after "
+                f"{time.monotonic() - began:.1f}s; last lines of {params['log_file']}:\n"
+                + "\n".join(log_tail(params["log_file"], offset)),
+                pid=proc.pid, exit_status=code,
+                log_tail=log_tail(params["log_file"], offset))
+        if seen is None:
+            for line in log_tail(params["log_file"], offset, lines=200):
+                if regex.search(line):
+                    seen = line
+                    break
+        alive_for = time.monotonic() - began
+        if seen is not None and alive_for >= min_alive:
+            figure = re.search(r"tok/s\s+([0-9.]+)", seen)
+            return {"pid": proc.pid, "healthy_after_s": round(alive_for, 2), "progress_line": seen,
+                    "tokens_per_s": float(figure.group(1)) if figure else None}
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"the trainer (PID {proc.pid}) printed no line matching {regex.pattern!r} in "
+                f"{params.get('health_timeout', 300)}s; it is left running. Last lines:\n"
+                + "\n".join(log_tail(params["log_file"], offset)),
+                pid=proc.pid, log_tail=log_tail(params["log_file"], offset))
+        time.sleep(0.2)

@@ -1,0 +1,110 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: trainer_preflight
+short_description: Check a CT can run the DFlash trainer, in one round trip
+version_added: 0.1.0
+author: dflash-lifecycle contributors
+description:
+  - Runs inside the CT. Checks that C(nvidia-smi -L) lists enough GPUs, that the target model
+    directory holds a C(config.json) (it usually lives in C(/dev/shm), which a CT restart
+    wipes), that the data directory is not empty and that the checkpoint directory has enough
+    free space. Every failing check is named with the value found.
+  - Also reports whether a complete checkpoint exists, for resume=auto.
+options:
+  target_model:
+    description: Target model directory.
+    type: path
+    required: true
+  data_dir:
+    description: Training data directory.
+    type: path
+    required: true
+  output_dir:
+    description: Checkpoint directory (may not exist yet).
+    type: path
+    required: true
+  gpus_needed:
+    description: Number of GPUs the CT must show (highest GPU id used plus one).
+    type: int
+    default: 0
+  min_free_gb:
+    description: Free space needed at O(output_dir), in GiB.
+    type: float
+    default: 10
+  checkpoint_pattern:
+    description: Glob of one checkpoint in O(output_dir).
+    type: str
+    default: step_*
+  nvidia_smi:
+    description: The nvidia-smi command.
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    support: full
+    details: Only reads.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Preflight
+  dflash.lifecycle.trainer_preflight:
+    target_model: /dev/shm/models/target
+    data_dir: /workspace/data
+    output_dir: /workspace/checkpoints
+    gpus_needed: 8
+"""
+
+RETURN = r"""
+checks:
+  description: Each check with C(ok), C(found) and a C(hint).
+  returned: always
+  type: list
+  elements: dict
+gpu_count:
+  description: GPUs listed by C(nvidia-smi -L).
+  returned: always
+  type: int
+checkpoint_present:
+  description: Whether a complete checkpoint exists in O(output_dir).
+  returned: always
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "target_model": {"type": "path", "required": True},
+            "data_dir": {"type": "path", "required": True},
+            "output_dir": {"type": "path", "required": True},
+            "gpus_needed": {"type": "int", "default": 0},
+            "min_free_gb": {"type": "float", "default": 10},
+            "checkpoint_pattern": {"type": "str", "default": "step_*"},
+            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+        },
+        supports_check_mode=True,
+    )
+    result = launch.preflight(module.params)
+    failed = result.pop("failed_checks")
+    if failed:
+        module.fail_json(msg="preflight failed: " + "; ".join(
+            f"{c['check']}: {c['found']}" + (f" ({c['hint']})" if c["hint"] else "")
+            for c in failed), **result)
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

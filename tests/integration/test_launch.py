@@ -1,0 +1,145 @@
+"""trainer_preflight + trainer_launch on the testbed (ct300): the launch contract."""
+
+import json
+import os
+import shlex
+import sys
+
+import pytest
+
+from conftest import REPO, example_settings
+
+sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
+from dflash_command_line import dflash_argv  # noqa: E402
+
+CT, NODE, VMID = "ct300", "pve2", "300"
+START = os.path.join(REPO, "playbooks", "start.yml")
+ACTIVATE = os.path.join(REPO, "tests", "integration", "files", "activate.yml")
+SECRET = "sekrit-7f3a9c"
+
+
+@pytest.fixture(scope="module")
+def ready(testbed):
+    """ct300 with the example trainer as the current release, a model and data."""
+    def in_ct(command, check=True):
+        return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+
+    for pid in in_ct("pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
+        in_ct(f"kill -KILL {pid}", check=False)  # left by an interrupted earlier run
+    in_ct("mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > "
+          "/dev/shm/models/target/config.json && echo 'some text' > /workspace/data/c.txt")
+    testbed.playbook(ACTIVATE, "-e", json.dumps({"target": CT, "trainer_code_legacy_links": []}))
+    return in_ct
+
+
+@pytest.fixture
+def launch(testbed, ready):
+    def run(*extra, check=True, **extra_vars):
+        extra_vars.setdefault("trainer_preflight_min_free_gb", 0.1)
+        extra_vars.setdefault("trainer_launch_health_seconds", 1)
+        return testbed.playbook(START, "-l", CT, "-e", json.dumps(extra_vars), *extra, check=check)
+    yield run
+    for pid in ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
+        ready(f"kill -KILL {pid}", check=False)
+    ready("rm -rf /run/dflash /workspace/checkpoints /tmp/pwned*", check=False)
+
+
+def trainer_pid(ready):
+    return ready("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+
+
+def test_launch_contract(launch, ready):
+    res = launch()
+    assert "healthy, first throughput" in res.stdout
+    pid = trainer_pid(ready)
+    start = ready("cut -d' ' -f2 /run/dflash/trainer.pid").stdout.strip()
+    stat = ready(f"cat /proc/{pid}/stat").stdout.rsplit(")", 1)[1].split()
+    assert stat[19] == start  # the pidfile names the Python process itself
+    assert stat[2] == stat[3] == pid  # session leader of its own session and group
+    args = ready(f"ps -o args= -p {pid}").stdout.strip()
+    expected = dflash_argv(example_settings(), python="/usr/bin/python3",
+                           script="/opt/dflash/current/train_dflash_pipeline.py")
+    assert args == " ".join(expected)
+    status = ready(f"cat /proc/{pid}/status").stdout
+    masks = {line.split(":")[0]: int(line.split()[1], 16) for line in status.splitlines()
+             if line.startswith(("SigIgn", "SigCgt"))}
+    assert masks["SigCgt"] & 1 << 1 and not masks["SigIgn"] & 1 << 1  # SIGINT caught
+    assert not masks["SigIgn"] & 1 << 14  # SIGTERM at its default
+    assert ready(f"readlink /proc/{pid}/fd/0").stdout.strip() == "/dev/null"
+    assert ready("stat -c %a /run/dflash /run/dflash/secrets.env").stdout.split() == ["700", "600"]
+
+    again = launch(check=False)  # a second launch is refused
+    assert again.returncode != 0 and f"a trainer is already running: PID {pid}" in again.stdout
+
+
+def test_check_mode_shows_the_command_line_and_starts_nothing(launch, ready):
+    res = launch("--check")
+    assert "--noise-type uniform --use-soft-labels" in res.stdout
+    assert "would start" in res.stdout
+    assert ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout == ""
+
+
+def test_crash_at_start_fails_with_the_log_tail(launch):
+    res = launch(check=False, dflash_env={"DFLASH_TEST_CRASH_AT_START": "1"})
+    assert res.returncode != 0
+    assert "exited with status 1" in res.stdout
+    assert "crash at start requested" in res.stdout
+
+
+def test_hostile_values_execute_nothing(launch, ready, testbed):
+    hostile = ["x; touch /tmp/pwned1", "$(touch /tmp/pwned2)", "`touch /tmp/pwned3`",
+               "'; touch /tmp/pwned4; '"]
+    res = launch(dflash_extra_args=["--save-interval", "500", "--tag", " ".join(hostile)],
+                 dflash_env={"RUN_NOTE": "$(touch /tmp/pwned5)"})
+    assert "healthy" in res.stdout
+    pid = trainer_pid(ready)
+    assert ready(f"cat /proc/{pid}/cmdline").stdout.split("\0")[-3] == " ".join(hostile)
+    assert "RUN_NOTE=$(touch /tmp/pwned5)" in ready(f"cat /proc/{pid}/environ").stdout
+    assert ready("ls /tmp | grep pwned", check=False).stdout == ""
+    assert testbed.ssh(NODE, "ls /tmp | grep pwned").stdout == ""
+
+
+def test_secrets_reach_the_trainer_only(launch, ready):
+    res = launch("-v", dflash_secret_env={"WANDB_API_KEY": SECRET})
+    pid = trainer_pid(ready)
+    assert SECRET in ready(f"cat /proc/{pid}/environ").stdout
+    assert "secrets_in_env=['WANDB_API_KEY']" in ready("cat /workspace/logs/train.log").stdout
+    assert SECRET not in ready("ps -eo args").stdout
+    assert SECRET not in ready("cat /workspace/logs/train.log /run/dflash/trainer.sh").stdout
+    assert SECRET not in res.stdout + res.stderr
+
+
+def test_preflight_missing_model_names_dev_shm(launch, ready):
+    ready("mv /dev/shm/models/target /dev/shm/models/away")
+    try:
+        res = launch(check=False)
+        assert res.returncode != 0
+        assert "target_model: /dev/shm/models/target: missing" in res.stdout
+        assert "wiped when the CT restarts" in res.stdout
+    finally:
+        ready("mv /dev/shm/models/away /dev/shm/models/target")
+
+
+def test_preflight_too_few_gpus(testbed, ready):
+    res = testbed.playbook(START, "-l", "ct301", "-e", "trainer_preflight_min_free_gb=0.1",
+                           check=False)
+    assert res.returncode != 0
+    assert "gpus_visible: 4 GPUs from nvidia-smi -L (the run needs GPU ids up to 7)" in res.stdout
+
+
+def test_invalid_value_stops_before_anything_is_touched(launch, ready):
+    res = launch(check=False, dflash_noise_end="0.9")
+    assert res.returncode != 0
+    assert "dflash_noise_end: must be <= dflash_noise_start (0.3), got 0.9" in res.stdout
+    assert ready("test -e /run/dflash", check=False).returncode == 1
+
+
+def test_busy_gpu_blocks_the_launch(launch, ready):
+    ready("setsid -f sh -c 'exec 3</dev/nvidia6; exec sleep 600' < /dev/null > /dev/null 2>&1")
+    holder = ready("pgrep -x -f 'sleep 600'").stdout.split()[0]
+    try:
+        res = launch(check=False)
+        assert res.returncode != 0
+        assert f"/dev/nvidia6 held by PID {holder}" in res.stdout
+    finally:
+        ready(f"kill -KILL {holder}", check=False)
