@@ -32,7 +32,7 @@ class CT201:
     def trainer_pids(self):
         return [int(p) for p in self.sh(f"pgrep -f {PATTERN}", check=False).stdout.split()]
 
-    def launch(self, env="", how="setsid", extra="", workers=0):
+    def launch(self, env="", how="setsid", extra="", workers=0, ready_line="tok/s"):
         """how: setsid (own session, SIGINT at default), background (`nohup bash run.sh &`
         from a non-interactive bash: SIGINT ignored), wrapper (`bash run.sh &`, PGID 0)."""
         env = f"DFLASH_STEP_SECONDS=0.02 DFLASH_TEST_WORKERS={workers} {env}"
@@ -47,7 +47,7 @@ class CT201:
             launch = "bash -c 'bash /root/run.sh > /workspace/train.log 2>&1 < /dev/null &'"
         self.sh(launch)
         deadline = time.monotonic() + 30
-        while "tok/s" not in self.sh("cat /workspace/train.log", check=False).stdout:
+        while ready_line not in self.sh("cat /workspace/train.log", check=False).stdout:
             assert time.monotonic() < deadline, self.sh("cat /workspace/train.log").stdout
             time.sleep(0.1)
 
@@ -132,7 +132,9 @@ def test_4a_growing_checkpoint_extends_the_wait(ct, tmp_path):
 
 
 def test_4b_quiet_checkpoint_dir_is_not_waited_on(ct, tmp_path):
-    ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=30", extra="--profile-interval 1")
+    # the first step blocks 30 s in C: no checkpoint activity at all while SIGINT waits
+    ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=30", ready_line="DFlash trainer pid=")
+    time.sleep(1)
     result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
                   checkpoint_activity_window=2, checkpoint_max_wait=60,
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
