@@ -10,13 +10,15 @@ INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?= all
 PYTEST_ARGS ?=
+EXTRA ?=
 
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping
+.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping \
+        restart check stop start push rollback status logs
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -56,3 +58,31 @@ test: setup ## unit and integration tests (brings the testbed up, and down if it
 
 lint: venv ## ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
+
+# -- the jobs (HOST: a host, group or pattern; INVENTORY: inventory/production for real nodes)
+PLAYBOOK := $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(HOST)' $(EXTRA)
+
+restart: venv ## redeploy HOST: push, staged stop (checkpoint), activate, launch
+	$(PLAYBOOK) redeploy.yml
+
+check: venv ## dry run of the redeploy of HOST: shows the command line and the stop ladder
+	$(PLAYBOOK) redeploy.yml --check --diff
+
+stop: venv ## stop the trainer of HOST, checkpoint first
+	$(PLAYBOOK) playbooks/stop.yml
+
+start: venv ## launch the trainer of HOST (current release, preflight first)
+	$(PLAYBOOK) playbooks/start.yml
+
+push: venv ## push the code of HOST as a new release (not activated)
+	$(PLAYBOOK) playbooks/push.yml
+
+rollback: venv ## switch HOST back to its previous release and relaunch it
+	$(PLAYBOOK) playbooks/rollback.yml
+
+status: venv ## per CT: running, PID, uptime, release, last tok/s, latest checkpoint
+	$(PLAYBOOK) playbooks/status.yml
+
+logs: venv ## tail the trainer log of HOST (LINES=50)
+	$(BIN)/ansible -i $(INVENTORY) '$(HOST)' -m ansible.builtin.command \
+	  -a 'tail -n $(or $(LINES),50) /workspace/logs/train.log'

@@ -121,8 +121,8 @@ def test_preflight_missing_model_names_dev_shm(launch, ready):
 
 
 def test_preflight_too_few_gpus(testbed, ready):
-    res = testbed.playbook(START, "-l", "ct301", "-e", "trainer_preflight_min_free_gb=0.1",
-                           check=False)
+    res = testbed.playbook(START, "-l", "ct301", "-e", json.dumps(
+        {"dflash_target_gpus": [0, 1, 2, 3, 4], "dflash_drafter_gpus": [5, 6, 7]}), check=False)
     assert res.returncode != 0
     assert "gpus_visible: 4 GPUs from nvidia-smi -L (the run needs GPU ids up to 7)" in res.stdout
 

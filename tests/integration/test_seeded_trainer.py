@@ -14,14 +14,14 @@ def in_ct(testbed, command, check=True):
 
 
 def test_seeded_trainer_runs_checkpoints_on_sigint_and_resumes(testbed):
-    in_ct(testbed, "rm -rf /workspace/checkpoints /workspace/train.log", check=False)
+    in_ct(testbed, "rm -rf /workspace/checkpoints /workspace/logs/train.log", check=False)
     try:
         res = testbed.playbook(SEED, "-e", f"seed_hosts={CT}")
         assert "failed=0" in res.stdout
         res = testbed.playbook(SEED, "-e", f"seed_hosts={CT}")  # a running trainer is left alone
         assert "changed=0" in res.stdout
 
-        pid = in_ct(testbed, "pgrep -f [/]root/train_dflash_pipeline.py").stdout.split()
+        pid = in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py").stdout.split()
         assert len(pid) == 1
         status = in_ct(testbed, f"cat /proc/{pid[0]}/status").stdout
         sig_ign = int(next(line for line in status.splitlines()
@@ -41,11 +41,11 @@ def test_seeded_trainer_runs_checkpoints_on_sigint_and_resumes(testbed):
 
         testbed.playbook(SEED, "-e", f"seed_hosts={CT}")  # relaunch with --resume
         deadline = time.monotonic() + 30
-        while "resumed from" not in in_ct(testbed, "cat /workspace/train.log").stdout:
+        while "resumed from" not in in_ct(testbed, "cat /workspace/logs/train.log").stdout:
             assert time.monotonic() < deadline, "relaunched trainer did not resume"
             time.sleep(0.2)
-        assert f"/workspace/checkpoints/{latest}" in in_ct(testbed, "cat /workspace/train.log").stdout
+        assert f"/workspace/checkpoints/{latest}" in in_ct(testbed, "cat /workspace/logs/train.log").stdout
     finally:  # the trainers this test started, inside the CT, by PID
-        for leftover in in_ct(testbed, "pgrep -f [/]root/train_dflash_pipeline.py",
+        for leftover in in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py",
                               check=False).stdout.split():
             in_ct(testbed, f"kill -KILL {leftover}", check=False)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import BIN, run_tool
+from conftest import BIN, REPO, run_tool
 
 
 def test_ansible_doc_renders_the_connection_plugin():
@@ -25,3 +25,19 @@ def test_ansible_lint_production_profile():
     res = run_tool([os.path.join(BIN, "ansible-lint"), "--offline", "--profile", "production",
                     "--nocolor"], check=False)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_awx_survey_variables_are_consumed():
+    import subprocess as sp
+    import yaml
+    with open(os.path.join(REPO, "awx", "job_templates.yml"), encoding="utf-8") as handle:
+        data = yaml.safe_load(handle)
+    variables = {q["variable"] for t in data["controller_templates"]
+                 for q in (t.get("survey_spec") or {}).get("spec", [])}
+    assert variables == {"trainer_stop_sigint_wait", "dflash_resume", "dflash_serial"}
+    for name in variables:
+        used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks"], cwd=REPO,
+                      capture_output=True, text=True, check=False).stdout
+        assert used, f"survey variable {name} is used by no playbook or role"
+    for template in data["controller_templates"]:
+        assert template["ask_limit_on_launch"] is True

@@ -91,7 +91,7 @@ def parse_args(argv):
     p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="resume from a checkpoint dir, or the latest one in --output-dir")
     p.add_argument("--save-interval", type=int, default=1000, help="steps between checkpoints")
-    p.add_argument("--steps-per-epoch", type=int, default=2000)
+    p.add_argument("--steps-per-epoch", type=int, default=100000)
     p.add_argument("--tag", default="", help="free-form run label, logged as given")
     args = p.parse_args(argv)
     if set(args.target_gpus) & set(args.drafter_gpus):

@@ -268,7 +268,10 @@ class Targets:
             current = proctable.read_process(ident[0], self.proc_root)
             running = current is not None and current.starttime == ident[1] and not current.gone
             proc = current if running else entry["proc"]
-            out.append(dict(proc.as_dict(), role=entry["role"]))
+            item = dict(proc.as_dict(), role=entry["role"])
+            if running and self.proc_root == "/proc":
+                item["uptime_s"] = round(time.time() - proctable.start_wall_time(proc), 1)
+            out.append(item)
         return sorted(out, key=lambda p: p["pid"])
 
 
@@ -479,6 +482,8 @@ def run(params, proc_root="/proc", check_mode=False):
         result["changed"] = True
         if check_mode:
             result["stopped"] = False
+            if params.get("checkpoint_dir"):
+                result["checkpoint"] = checkpoint_report(params, before)
             result["msg"] = (f"would stop PID {main.pid} and {len(result['targets']) - 1} more "
                              f"with {' -> '.join(s['signal'].name for s in stages)}")
             return result

@@ -37,6 +37,12 @@ options:
   pattern:
     description: Regex on the full command line of an already running trainer.
     type: str
+  refuse_busy:
+    description:
+      - Refuse when a trainer runs or a GPU is held. A check run of a redeploy turns this off, as
+        its stop phase would have stopped the trainer first.
+    type: bool
+    default: true
   device_paths:
     description: Device files of the GPUs the run uses; a holder means the GPUs are busy.
     type: list
@@ -114,6 +120,7 @@ def main():
             "cwd": {"type": "path", "default": "/"},
             "pidfile": {"type": "path", "required": True},
             "pattern": {"type": "str"},
+            "refuse_busy": {"type": "bool", "default": True},
             "device_paths": {"type": "list", "elements": "str", "default": []},
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
@@ -124,11 +131,11 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    running = launch.running_trainer(params["pidfile"], params["pattern"])
+    running = launch.running_trainer(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
     if running is not None:
         module.fail_json(msg=f"a trainer is already running: PID {running.pid} "
                              f"({running.cmdline[:200]}); stop it first", pid=running.pid)
-    busy = launch.gpu_holders(params["device_paths"])
+    busy = launch.gpu_holders(params["device_paths"]) if params["refuse_busy"] else {}
     if busy:
         module.fail_json(msg="GPUs in use: " + "; ".join(
             f"{dev} held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:80]})" for h in holders)

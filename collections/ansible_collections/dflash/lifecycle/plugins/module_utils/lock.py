@@ -1,0 +1,93 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Per-CT redeploy lock: a lease in a root-only directory (Python 3.8 compatible).
+
+The holder (user or AWX job) is recorded with the time it took the lock and when its
+lease ends; each phase of a redeploy renews the lease. A lock whose lease has ended
+belongs to a redeploy that is gone (killed, lost its connection) and is taken over.
+Every change happens under flock on a guard file and lands by atomic rename of a file
+opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir
+
+
+class LockHeld(Exception):
+    def __init__(self, msg, holder):
+        super().__init__(msg)
+        self.holder = holder
+
+
+def _read(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as handle:
+        try:
+            return json.load(handle)
+        except ValueError:
+            return {"holder": "unreadable lock file", "expires": 0}
+
+
+def _write(path, content):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(content, handle)
+    os.rename(tmp, path)
+
+
+def _guarded(path, action):
+    secure_dir(os.path.dirname(path))
+    fd = os.open(f"{path}.guard", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return action()
+    finally:
+        os.close(fd)
+
+
+def describe(lock):
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lock.get("since", 0)))
+    return f"{lock.get('holder')} since {since}"
+
+
+def acquire(path, holder, ttl, now=None):
+    """Take or renew the lock for holder. Returns (changed, lock, taken_over_from)."""
+    now = time.time() if now is None else now
+
+    def action():
+        current = _read(path)
+        taken_over = None
+        if current is not None and current.get("holder") != holder:
+            if current.get("expires", 0) > now:
+                raise LockHeld(f"CT is being redeployed by {describe(current)} "
+                               f"(lease until {time.strftime('%H:%M:%S UTC', time.gmtime(current['expires']))})",
+                               current)
+            taken_over = current
+        since = current["since"] if current is not None and taken_over is None else now
+        lock = {"holder": holder, "since": since, "expires": now + ttl}
+        _write(path, lock)
+        return current is None or taken_over is not None, lock, taken_over
+
+    return _guarded(path, action)
+
+
+def release(path, holder):
+    """Drop the lock if holder has it. Returns changed."""
+    def action():
+        current = _read(path)
+        if current is None or current.get("holder") != holder:
+            return False
+        os.unlink(path)
+        return True
+
+    return _guarded(path, action)

@@ -1,0 +1,97 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: redeploy_lock
+short_description: Per-CT lock so that two redeploys never work on one CT at once
+version_added: 0.1.0
+author: dflash-lifecycle contributors
+description:
+  - Runs inside the CT. V(acquired) takes the lock for O(holder) or renews its lease; a lock
+    held by someone else whose lease has not ended fails the task at once, naming the holder and
+    since when. A lock whose lease ended (its redeploy was killed or lost its connection) is
+    taken over, and the result says from whom.
+  - V(released) drops the lock if O(holder) has it.
+  - The lock lives in a root-only directory; files are written with O_NOFOLLOW and renamed into
+    place under flock, so symlinks planted there are never followed.
+options:
+  path:
+    description: Lock file.
+    type: path
+    default: /run/dflash/redeploy.lock
+  holder:
+    description: Who holds it, for example C(awx job 42 (admin)) or C(alice@laptop pid 4242).
+    type: str
+    required: true
+  ttl:
+    description: Lease in seconds; each acquire by the same holder renews it.
+    type: float
+    default: 1800
+  state:
+    description: Take or drop the lock.
+    type: str
+    choices: [acquired, released]
+    default: acquired
+attributes:
+  check_mode:
+    support: none
+    details: Skipped in check mode unless the task sets C(check_mode=false), as redeploy.yml does so
+      that a dry run never overlaps a real one.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Lock the CT for this redeploy
+  dflash.lifecycle.redeploy_lock:
+    holder: "{{ awx_user_name | default(lookup('env', 'USER')) }}"
+"""
+
+RETURN = r"""
+lock:
+  description: The lock now in place (holder, since, expires as epoch seconds).
+  returned: when state is acquired
+  type: dict
+taken_over_from:
+  description: The expired lock that was replaced, if any.
+  returned: when state is acquired
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, lock
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
+            "holder": {"type": "str", "required": True},
+            "ttl": {"type": "float", "default": 1800},
+            "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
+        },
+        supports_check_mode=False,
+    )
+    params = module.params
+    try:
+        if params["state"] == "released":
+            module.exit_json(changed=lock.release(params["path"], params["holder"]))
+        changed, held, taken_over = lock.acquire(params["path"], params["holder"], params["ttl"])
+    except lock.LockHeld as err:
+        module.fail_json(msg=str(err), holder=err.holder)
+    except launch.LaunchError as err:
+        module.fail_json(msg=str(err))
+    msg = f"locked for {params['holder']}"
+    if taken_over:
+        msg += f"; took over the expired lock of {lock.describe(taken_over)}"
+    module.exit_json(changed=changed, lock=held, taken_over_from=taken_over, msg=msg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""redeploy.yml end to end on the testbed: rolling over 2 nodes x 2 CTs, the AWX path through
+ansible-runner, the failure paths, the lock, check mode and `make restart HOST=...`."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import ansible_runner
+import pytest
+
+from conftest import BIN, REPO, TRAINER, tool_env
+
+sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
+
+CTS = {"ct200": ("pve1", "200"), "ct201": ("pve1", "201"),
+       "ct300": ("pve2", "300"), "ct301": ("pve2", "301")}
+SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
+REDEPLOY = os.path.join(REPO, "redeploy.yml")
+
+
+def in_ct(testbed, host, command, check=True):
+    node, vmid = CTS[host]
+    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+
+
+def trainer_pids(testbed, host):
+    return in_ct(testbed, host, "pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split()
+
+
+def source(tmp_path, name, edit=None):
+    """A copy of the example trainer, changed by edit(text) -> text."""
+    src = tmp_path / name
+    src.mkdir()
+    text = open(TRAINER, encoding="utf-8").read()
+    (src / "train_dflash_pipeline.py").write_text(edit(text) if edit else text)
+    return str(src)
+
+
+def runner(tmp_path, limit, extravars, check=False, name="awx"):
+    """redeploy.yml as AWX runs it: private_data_dir, survey answers + awx_* as extravars."""
+    private = tmp_path / name
+    private.mkdir()
+    run = ansible_runner.run(
+        private_data_dir=str(private), playbook=REDEPLOY, project_dir=REPO,
+        inventory=os.path.join(REPO, "inventory", "testbed"), limit=limit,
+        extravars=dict({"awx_job_id": 42, "awx_user_name": "admin"}, **extravars),
+        cmdline="--check" if check else None, quiet=True)
+    stats = next(e for e in run.events if e["event"] == "playbook_on_stats")["event_data"]
+    return run, stats
+
+
+def pct_pushes(testbed):
+    return sum(1 for node in ("pve1", "pve2") for c in testbed.pct_invocations(node)
+               if c["argv"][0] == "push")
+
+
+@pytest.fixture(scope="module")
+def seeded(testbed):
+    """Every CT runs the seeded (legacy-path) trainer, as before the first redeploy."""
+    for host in CTS:  # from scratch: no trainer, checkpoint or release left by other tests
+        for pid in trainer_pids(testbed, host):
+            in_ct(testbed, host, f"kill -KILL {pid}", check=False)
+        in_ct(testbed, host, "rm -rf /workspace/checkpoints /opt/dflash /root/train_dflash_pipeline.py*")
+    testbed.playbook(SEED, "-e", "seed_hosts=dflash_trainers")
+    return testbed
+
+
+def test_awx_rolling_redeploy_of_2_nodes_x_2_cts_with_a_code_change(seeded, tmp_path):
+    before = {host: trainer_pids(seeded, host) for host in CTS}
+    assert all(len(p) == 1 for p in before.values()), before
+    src = source(tmp_path, "v2", lambda t: t + "\n# release v2\n")
+    pushes = pct_pushes(seeded)
+    run, stats = runner(tmp_path, "dflash_trainers", {
+        "trainer_code_src": src, "trainer_stop_sigint_wait": 60, "dflash_resume": "true",
+        "dflash_serial": 4, "trainer_stop_require_checkpoint": True})
+    assert run.status == "successful", run.stdout.read()
+    assert sorted(stats["ok"]) == sorted(CTS) and not stats["failures"] and not stats["dark"]
+    assert pct_pushes(seeded) - pushes == 4  # one archive per CT
+    summary = stats["artifact_data"]["dflash_redeploy"]
+    assert sorted(summary) == sorted(CTS)
+    releases = {s["release"] for s in summary.values()}
+    assert len(releases) == 1
+    (release,) = releases
+    for host, entry in summary.items():
+        assert entry["stopped_by"]["signal"] == "SIGINT", entry
+        assert entry["checkpoint"].startswith("/workspace/checkpoints/step_")
+        assert str(entry["pid"]) not in before[host] and trainer_pids(seeded, host) == [str(entry["pid"])]
+        assert in_ct(seeded, host, "readlink /opt/dflash/current").stdout.strip() == f"releases/{release}"
+        args = in_ct(seeded, host, f"ps -o args= -p {entry['pid']}").stdout.strip()
+        assert args == entry["command_line"]
+        assert "--resume" in args and "/opt/dflash/current/train_dflash_pipeline.py" in args
+    # the batch ran in parallel: the four launches overlap in time
+    starts = [e for e in run.events if e["event"] == "runner_on_start"
+              and e["event_data"]["task"] == "Start the trainer and wait until it is healthy"]
+    assert len({e["event_data"]["host"] for e in starts}) == 4
+
+
+def test_awx_check_run_changes_nothing(seeded, tmp_path):
+    pids = {host: trainer_pids(seeded, host) for host in ("ct201", "ct300")}
+    currents = {h: in_ct(seeded, h, "readlink /opt/dflash/current").stdout for h in pids}
+    pushes = pct_pushes(seeded)
+    src = source(tmp_path, "v3", lambda t: t + "\n# release v3\n")
+    run, stats = runner(tmp_path, "ct201,ct300", {"trainer_code_src": src}, check=True)
+    assert run.status == "successful", run.stdout.read()
+    assert sorted(stats["ok"]) == ["ct201", "ct300"]
+    assert {h: trainer_pids(seeded, h) for h in pids} == pids
+    assert {h: in_ct(seeded, h, "readlink /opt/dflash/current").stdout for h in pids} == currents
+    assert pct_pushes(seeded) == pushes
+    shown = "".join(json.dumps(e["event_data"].get("res", {})) for e in run.events)
+    assert "--noise-type uniform" in shown and "would stop PID" in shown
+
+
+def test_no_change_redeploy_stops_and_relaunches_without_a_push(seeded):
+    seeded.playbook(REDEPLOY, "-l", "ct201")  # the default source is now the current release
+    old = trainer_pids(seeded, "ct201")
+    pushes = pct_pushes(seeded)
+    res = seeded.playbook(REDEPLOY, "-l", "ct201")
+    assert "failed=0" in res.stdout
+    assert pct_pushes(seeded) == pushes
+    new = trainer_pids(seeded, "ct201")
+    assert len(new) == 1 and new != old
+
+
+def test_compile_error_leaves_the_running_trainer_alone(seeded, tmp_path):
+    old = trainer_pids(seeded, "ct201")
+    current = in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout
+    src = source(tmp_path, "broken", lambda t: t.replace("def main(", "def main(:", 1))
+    res = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", f"trainer_code_src={src}", check=False)
+    assert res.returncode != 0 and "compile gate failed" in res.stdout
+    assert trainer_pids(seeded, "ct201") == old
+    assert in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout == current
+
+
+def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tmp_path):
+    current = in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout.strip()
+    src = source(tmp_path, "crashing",
+                 lambda t: t.replace("def main(argv=None):\n",
+                                     "def main(argv=None):\n    raise SystemExit('release v4 is broken')\n", 1))
+    res = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", f"trainer_code_src={src}", check=False)
+    assert res.returncode != 0
+    assert "release v4 is broken" in res.stdout
+    assert "rolled back to release" in res.stdout and "running again as" in res.stdout
+    assert in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout.strip() == current
+    pid = trainer_pids(seeded, "ct201")
+    assert len(pid) == 1
+    assert "resumed from /workspace/checkpoints/step_" in in_ct(
+        seeded, "ct201", "cat /workspace/logs/train.log").stdout
+
+
+def test_concurrent_redeploys_of_one_ct(seeded):
+    args = [os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301"]
+    first = subprocess.Popen(args, cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while in_ct(seeded, "ct301", "test -e /run/dflash/redeploy.lock", check=False).returncode:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.1)
+    second = seeded.playbook(REDEPLOY, "-l", "ct301", check=False)
+    out_first = first.communicate(timeout=300)[0]
+    assert first.returncode == 0, out_first
+    assert second.returncode != 0
+    assert "CT is being redeployed by root@" in second.stdout and " since " in second.stdout
+
+
+def test_stale_lock_is_taken_over(seeded):
+    stale = json.dumps({"holder": "awx job 7 (bob)", "since": 1, "expires": 2})
+    in_ct(seeded, "ct301", f"mkdir -p -m 700 /run/dflash && echo {shlex.quote(stale)} "
+                           "> /run/dflash/redeploy.lock")
+    pids = trainer_pids(seeded, "ct301")
+    res = seeded.playbook(REDEPLOY, "-l", "ct301", "--tags", "push")  # one phase: no stop
+    assert "took over the expired lock of awx job 7 (bob)" in res.stdout
+    assert in_ct(seeded, "ct301", "test -e /run/dflash/redeploy.lock", check=False).returncode == 1
+    assert trainer_pids(seeded, "ct301") == pids  # --tags push ran the push phase only
+    assert "Stop the trainer in stages" not in res.stdout
+
+
+def test_make_restart_touches_only_that_host(seeded):
+    others = {host: trainer_pids(seeded, host) for host in ("ct201", "ct300", "ct301")}
+    old = trainer_pids(seeded, "ct200")
+    pve2_calls = len(seeded.pct_invocations("pve2"))
+    res = subprocess.run(["make", "restart", "HOST=ct200"], cwd=REPO, env=tool_env(),
+                         capture_output=True, text=True, check=False, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(seeded.pct_invocations("pve2")) == pve2_calls  # ct300/ct301's node untouched
+    assert trainer_pids(seeded, "ct200") != old
+    assert {host: trainer_pids(seeded, host) for host in others} == others
