@@ -60,7 +60,9 @@ lint: venv ## ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
 
 # -- the jobs (HOST: a host, group or pattern; INVENTORY: inventory/production for real nodes)
-PLAYBOOK := $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(HOST)' $(EXTRA)
+# NO_GRACEFUL=wait_for_checkpoint|fail|proceed: what a stop does when SIGINT cannot checkpoint
+PLAYBOOK := $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(HOST)' $(EXTRA) \
+  $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL))
 
 restart: venv ## redeploy HOST: push, staged stop (checkpoint), activate, launch
 	$(PLAYBOOK) redeploy.yml

@@ -3,6 +3,7 @@ started through pct exec without a tty, stopped by the module through the pct co
 
 import json
 import os
+import re
 import shlex
 import time
 
@@ -55,22 +56,27 @@ class CT201:
         return self.sh("ps -eo pid=,pgid=,sid=,args=").stdout
 
 
+    def clean(self):
+        """End what a test (or an interrupted earlier run) left: by PID, inside the CT."""
+        for line in self.processes().splitlines():
+            if "train_dflash_pipeline" in line or "run.sh" in line or "sleep 600" in line:
+                self.sh(f"kill -KILL {line.split()[0]}", check=False)
+
+
 @pytest.fixture
 def ct(testbed):
     box = CT201(testbed)
+    box.clean()
     box.testbed.ssh(NODE, f"pct push {VMID} {TRAINER} /root/train_dflash_pipeline.py", check=True)
     box.sh(f"rm -rf {OUT} /workspace/train.log && mkdir -p {OUT} /workspace/data /dev/shm/m")
     yield box
-    # whatever a failed test left: the test's own trainer tree, by PID, inside the CT
-    for line in box.processes().splitlines():
-        if "train_dflash_pipeline" in line or "run.sh" in line or "sleep 600" in line:
-            box.sh(f"kill -KILL {line.split()[0]}", check=False)
+    box.clean()
 
 
 def stop(tmp_path, check=False, expect_failure=False, **params):
     """Run the module through ansible-runner (as AWX does); its result and whether it failed."""
     params.setdefault("pattern", PATTERN)
-    (tmp_path / "runner").mkdir(exist_ok=True)
+    (tmp_path / "runner").mkdir(parents=True, exist_ok=True)
     run = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), host_pattern=CT,
         inventory=os.path.join(REPO, "inventory", "testbed"),
@@ -93,6 +99,7 @@ def test_1_well_behaved_stops_at_sigint_with_checkpoint(ct, tmp_path):
     result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
                   require_checkpoint=True, ladder=FAST_LADDER)
     assert result["stopped_by"] == {"stage": 0, "signal": "SIGINT", "scope": "main"}
+    assert result["graceful_possible"] is True  # launched the right way: normal ladder
     assert signals(result) == [("SIGINT", "main")]
     assert result["checkpoint"]["written"] and result["checkpoint"]["new"].startswith(OUT + "/step_")
     assert result["timeline"][-1]["event"] == "stopped"
@@ -102,7 +109,7 @@ def test_1_well_behaved_stops_at_sigint_with_checkpoint(ct, tmp_path):
 
 def test_2_background_launch_sigint_ignored_is_detected_and_skipped(ct, tmp_path):
     ct.launch(how="background")
-    result = stop(tmp_path, ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},
+    result = stop(tmp_path, no_graceful="proceed", ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},
                                     {"signal": "SIGTERM", "scope": "tree", "wait": 10},
                                     {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
     assert result["signal_dispositions"]["SIGINT"] == "ignored"
@@ -146,7 +153,7 @@ def test_4b_quiet_checkpoint_dir_is_not_waited_on(ct, tmp_path):
 
 def test_5_ignores_sigint_and_sigterm_ends_at_sigkill_with_diagnostics(ct, tmp_path):
     ct.launch(env="DFLASH_TEST_IGNORE_SIGINT=1 DFLASH_TEST_IGNORE_SIGTERM=1")
-    result = stop(tmp_path, ladder=FAST_LADDER)
+    result = stop(tmp_path, no_graceful="proceed", ladder=FAST_LADDER)
     assert result["stopped_by"]["signal"] == "SIGKILL"
     assert [s for s, _ in signals(result)] == ["SIGTERM", "SIGKILL"]  # SIGINT skipped
     diag = result["diagnostics"]
@@ -160,7 +167,7 @@ def test_6_wrapper_trainer_workers_with_pgid_0_nothing_left(ct, tmp_path):
     trainer_lines = [line for line in before.splitlines() if "train_dflash" in line]
     assert len(trainer_lines) == 4  # the trainer and 3 forked workers
     assert all(line.split()[1:3] == ["0", "0"] for line in trainer_lines)  # PGID 0, SID 0
-    result = stop(tmp_path, include_wrapper=True, ladder=FAST_LADDER)
+    result = stop(tmp_path, include_wrapper=True, no_graceful="proceed", ladder=FAST_LADDER)
     roles = sorted(t["role"] for t in result["targets"])
     assert roles == ["descendant"] * 3 + ["main", "wrapper"]
     assert result["survivors"] == []
@@ -246,3 +253,71 @@ def test_trainer_stop_role_check_mode_then_real(ct, testbed):
     assert ct.trainer_pids() == []
     res = testbed.playbook(playbook, "-l", CT)  # nothing running: ok, not changed
     assert "changed=0" in res.stdout and "no trainer running" in res.stdout
+
+
+# -- when no signal can make the trainer checkpoint (legacy `nohup bash run.sh &` launch) --------
+
+PERIODIC = "--save-interval 100 --profile-interval 1"  # 0.02 s steps: a checkpoint every ~2 s
+
+
+def launch_legacy_with_history(ct, workers=0):
+    ct.launch(how="background", extra=PERIODIC, workers=workers)
+    deadline = time.monotonic() + 30
+    while ct.sh(f"ls {OUT} | grep -c '^step_'", check=False).stdout.strip() not in ("2", "3", "4"):
+        assert time.monotonic() < deadline, "no periodic checkpoints"
+        time.sleep(0.2)
+
+
+def last_step_in_log(ct):
+    return max(int(m) for m in re.findall(r"\bstep (\d+)\b", ct.sh("cat /workspace/train.log").stdout))
+
+
+def test_no_graceful_wait_for_checkpoint_stops_right_after_it(ct, tmp_path):
+    launch_legacy_with_history(ct, workers=2)
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  log_file="/workspace/train.log", ladder=FAST_LADDER)
+    assert result["graceful_possible"] is False
+    assert result["graceful_reason"].startswith("SIGINT is ignored by PID")
+    assert "SIGTERM is not caught" in result["graceful_reason"]
+    landed = [e for e in result["timeline"] if e["event"] == "checkpoint_landed"]
+    sent = [e for e in result["timeline"] if e["event"] == "signal"]
+    assert len(landed) == 1 and [(e["signal"], e["scope"]) for e in sent] == [("SIGTERM", "tree")]
+    assert sent[0]["t"] - landed[0]["t"] < 1.0
+    loss = result["loss"]
+    assert loss["last_logged_step"] == last_step_in_log(ct)
+    assert loss["steps_lost"] == loss["last_logged_step"] - loss["checkpoint_step"]
+    assert loss["steps_lost"] <= 50  # under a second of 20 ms steps
+    assert loss["checkpoint"] == landed[0]["path"]
+    after = ct.processes()
+    assert "train_dflash" not in after and "run.sh" not in after  # workers included
+
+
+def test_no_graceful_fail_signals_nothing_and_reports(ct, tmp_path):
+    launch_legacy_with_history(ct)
+    pids = ct.trainer_pids()
+    check = stop(tmp_path / "check", check=True, checkpoint_dir=OUT,
+                 checkpoint_pattern="step_*", log_file="/workspace/train.log")
+    assert "no graceful checkpoint: SIGINT is ignored" in check["msg"] and "s old" in check["msg"]
+    result = stop(tmp_path, expect_failure=True, no_graceful="fail", checkpoint_dir=OUT,
+                  checkpoint_pattern="step_*", log_file="/workspace/train.log")
+    assert "SIGINT is ignored by PID" in result["msg"] and "Nothing was signalled" in result["msg"]
+    assert "s old" in result["msg"] and "no_graceful=proceed" in result["msg"]
+    assert result["timeline"] == [] and ct.trainer_pids() == pids
+
+
+def test_no_graceful_proceed_ends_by_the_ladder_and_says_what_was_lost(ct, tmp_path):
+    launch_legacy_with_history(ct)
+    result = stop(tmp_path, no_graceful="proceed", checkpoint_dir=OUT,
+                  checkpoint_pattern="step_*", log_file="/workspace/train.log",
+                  ladder=FAST_LADDER)
+    assert result["stopped_by"]["signal"] == "SIGTERM"
+    assert result["loss"]["steps_lost"] == last_step_in_log(ct) - result["loss"]["checkpoint_step"]
+    assert f"{result['loss']['steps_lost']} steps since it lost" in result["msg"]
+
+
+def test_no_graceful_without_checkpoint_history_fails_without_killing(ct, tmp_path):
+    ct.launch(how="background")  # no --save-interval: no periodic checkpoints
+    pids = ct.trainer_pids()
+    result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, checkpoint_pattern="step_*")
+    assert "shows no periodic checkpoint history" in result["msg"]
+    assert "Nothing was signalled" in result["msg"] and ct.trainer_pids() == pids

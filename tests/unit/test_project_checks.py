@@ -34,7 +34,8 @@ def test_awx_survey_variables_are_consumed():
         data = yaml.safe_load(handle)
     variables = {q["variable"] for t in data["controller_templates"]
                  for q in (t.get("survey_spec") or {}).get("spec", [])}
-    assert variables == {"trainer_stop_sigint_wait", "dflash_resume", "dflash_serial"}
+    assert variables == {"trainer_stop_sigint_wait", "trainer_stop_no_graceful",
+                         "dflash_resume", "dflash_serial"}
     for name in variables:
         used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks"], cwd=REPO,
                       capture_output=True, text=True, check=False).stdout

@@ -406,6 +406,118 @@ def checkpoint_report(params, before):
     }
 
 
+# -- when no signal can make the trainer checkpoint ---------------------------------------------
+
+NO_GRACEFUL = ("wait_for_checkpoint", "fail", "proceed")
+STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+
+
+def graceful_assessment(main, stages):
+    """(possible, reason): can the first stage's signal make the trainer checkpoint?"""
+    first = stages[0]["signal"]
+    state = main.disposition(first)
+    others = []
+    for stage in stages[1:]:
+        sig = stage["signal"]
+        if sig not in (signal.SIGKILL, signal.SIGSTOP) and sig.name not in " ".join(others):
+            others.append(f"{sig.name} is {'caught' if main.disposition(sig) == 'caught' else 'not caught'}")
+    tail = (", " + ", ".join(others)) if others else ""
+    if state == "caught":
+        return True, f"{first.name} is caught by PID {main.pid}: its handler can checkpoint{tail}"
+    if state == "ignored":
+        return False, (f"{first.name} is ignored by PID {main.pid}, as after a background launch "
+                       f"(nohup/&){tail}")
+    return False, f"{first.name} is not caught by PID {main.pid}: it ends it without a checkpoint{tail}"
+
+
+def _complete_checkpoints(params):
+    entries = checkpoint_entries(params["checkpoint_dir"], params.get("checkpoint_pattern") or "*",
+                                 params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS)
+    return sorted(((n, e) for n, e in entries.items() if e["complete"]), key=lambda i: i[1]["mtime"])
+
+
+def periodic_interval(params):
+    """Seconds between the last periodic checkpoints, or None without such a history."""
+    done = _complete_checkpoints(params)[-3:]
+    gaps = [b[1]["mtime"] - a[1]["mtime"] for a, b in zip(done, done[1:])]
+    return round(max(gaps), 3) if gaps else None
+
+
+def last_logged_step(params):
+    path, regex = params.get("log_file"), params.get("step_regex") or r"\bstep (\d+)\b"
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - 65536))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    steps = re.findall(regex, text)
+    return int(steps[-1]) if steps else None
+
+
+def loss_report(params):
+    """What a stop now loses: the newest checkpoint against the last step the trainer logged."""
+    report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
+              "last_logged_step": last_logged_step(params), "steps_lost": None,
+              "checkpoint_interval_s": None}
+    if not params.get("checkpoint_dir"):
+        return report
+    done = _complete_checkpoints(params)
+    report["checkpoint_interval_s"] = periodic_interval(params)
+    if done:
+        name, entry = done[-1]
+        step = STEP_IN_NAME.search(name)
+        report.update(checkpoint=os.path.join(params["checkpoint_dir"], name),
+                      checkpoint_step=int(step.group(1)) if step else None,
+                      checkpoint_age_s=round(time.time() - entry["mtime"], 1))
+    if report["checkpoint_step"] is not None and report["last_logged_step"] is not None:
+        report["steps_lost"] = max(0, report["last_logged_step"] - report["checkpoint_step"])
+    return report
+
+
+def describe_loss(loss):
+    if loss["checkpoint"] is None:
+        return "there is no complete checkpoint: a stop loses the whole run"
+    text = f"newest checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
+    if loss["steps_lost"] is not None:
+        text += (f" (step {loss['checkpoint_step']}, the log is at step {loss['last_logged_step']}:"
+                 f" a stop now loses {loss['steps_lost']} steps)")
+    return text
+
+
+def wait_for_checkpoint(params, before, main_ident, result, started):
+    """Sleep until a new complete periodic checkpoint lands; StopFailed (nothing signalled)
+    when none lands within 1.5x the observed interval (or checkpoint_wait_max)."""
+    interval = result["loss_at_start"]["checkpoint_interval_s"]
+    if interval is None:
+        raise StopFailed(
+            f"{result['graceful_reason']}; and {params.get('checkpoint_dir') or 'no checkpoint_dir'}"
+            " shows no periodic checkpoint history to wait for. Nothing was signalled. "
+            f"{describe_loss(result['loss_at_start'])}. To stop anyway: no_graceful=proceed.",
+            result)
+    bound = min(1.5 * interval, float(params.get("checkpoint_wait_max") or 1800))
+    began = time.monotonic()
+    temp = params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
+    while time.monotonic() - began < bound:
+        if not proctable.alive(main_ident):
+            return
+        fresh = [(n, e) for n, e in _complete_checkpoints(params)
+                 if n not in before or before[n]["mtime"] != e["mtime"]]
+        leftovers = [n for n in os.listdir(params["checkpoint_dir"]) if _is_temp(n, temp)]
+        if fresh and not leftovers:
+            _event(result, started, event="checkpoint_landed",
+                   path=os.path.join(params["checkpoint_dir"], fresh[-1][0]),
+                   waited=round(time.monotonic() - began, 3))
+            return
+        time.sleep(0.1)
+    raise StopFailed(
+        f"{result['graceful_reason']}; no new periodic checkpoint landed within {bound:.0f}s "
+        f"(1.5x the observed interval of {interval}s). Nothing was signalled. "
+        f"{describe_loss(loss_report(params))}. To stop anyway: no_graceful=proceed.", result)
+
+
 # -- diagnostics ------------------------------------------------------------------------------
 
 def diagnostics(main_ident, params, proc_root):
@@ -479,14 +591,32 @@ def run(params, proc_root="/proc", check_mode=False):
         main_ident = main.identity
         result["targets"] = targets.report()
         result["signal_dispositions"], result["notes"] = _disposition_notes(main, stages)
+        result["graceful_possible"], result["graceful_reason"] = graceful_assessment(main, stages)
+        result["loss_at_start"] = loss_report(params)
         result["changed"] = True
+        policy = params.get("no_graceful") or "wait_for_checkpoint"
+        if policy not in NO_GRACEFUL:
+            raise InvalidParameter(f"no_graceful: {policy!r} is not one of {', '.join(NO_GRACEFUL)}")
         if check_mode:
             result["stopped"] = False
             if params.get("checkpoint_dir"):
                 result["checkpoint"] = checkpoint_report(params, before)
             result["msg"] = (f"would stop PID {main.pid} and {len(result['targets']) - 1} more "
                              f"with {' -> '.join(s['signal'].name for s in stages)}")
+            if not result["graceful_possible"]:
+                result["msg"] += (f"; no graceful checkpoint: {result['graceful_reason']}; "
+                                  f"{describe_loss(result['loss_at_start'])}; "
+                                  f"no_graceful={policy}")
             return result
+        if not result["graceful_possible"]:
+            if policy == "fail":
+                raise StopFailed(
+                    f"{result['graceful_reason']}. Nothing was signalled. "
+                    f"{describe_loss(result['loss_at_start'])}. Choose no_graceful="
+                    "wait_for_checkpoint to stop right after the next periodic checkpoint, or "
+                    "no_graceful=proceed to stop now.", result)
+            if policy == "wait_for_checkpoint":
+                wait_for_checkpoint(params, before, main_ident, result, started)
         return _run_ladder(params, stages, main_ident, targets, excluded, before, result, started)
     finally:
         targets.close()
@@ -541,6 +671,7 @@ def _run_ladder(params, stages, main_ident, targets, excluded, before, result, s
     result["survivors"] = [dict(p, threads=proctable.threads_report(p["pid"], proc_root))
                            for p in targets.report(survivors)]
     result["stopped"] = not survivors
+    result["loss"] = loss_report(params)
     result["msg"] = _summary(result, main_pid, started)
     if survivors:
         states = ", ".join(f"PID {p['pid']} state {p['state']}" for p in result["survivors"])
@@ -595,4 +726,6 @@ def _summary(result, main_pid, started):
     ckpt = result.get("checkpoint")
     if ckpt is not None:
         head += ("; new checkpoint " + ckpt["new"]) if ckpt["written"] else "; NO new checkpoint"
+    if result["loss"]["steps_lost"] is not None:
+        head += f"; {result['loss']['steps_lost']} steps since it lost"
     return head

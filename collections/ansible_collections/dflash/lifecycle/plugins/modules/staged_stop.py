@@ -106,6 +106,31 @@ options:
     description: Fail when no new complete checkpoint appeared after the first signal.
     type: bool
     default: false
+  no_graceful:
+    description:
+      - What to do when the first stage's signal cannot make the trainer checkpoint (ignored, as
+        after a C(nohup ... &) launch, or not caught).
+      - V(wait_for_checkpoint) sends nothing until the next periodic checkpoint lands complete in
+        O(checkpoint_dir), then runs the ladder from its first stage that can end the process; it
+        waits at most 1.5x the interval between the last periodic checkpoints (or
+        O(checkpoint_wait_max)), and fails without signalling when none lands or there is no
+        such history.
+      - V(fail) fails before any signal, reporting what a stop would lose.
+      - V(proceed) runs the ladder as configured.
+    type: str
+    choices: [wait_for_checkpoint, fail, proceed]
+    default: wait_for_checkpoint
+  checkpoint_wait_max:
+    description: Upper bound in seconds of the V(wait_for_checkpoint) wait.
+    type: float
+    default: 1800
+  log_file:
+    description: The trainer's log, to read the last step it logged (for the loss report).
+    type: path
+  step_regex:
+    description: Regex whose first group is the step number in a log line.
+    type: str
+    default: \bstep (\d+)\b
   py_spy:
     description: Path of py-spy; found on PATH when not given.
     type: path
@@ -207,6 +232,26 @@ notes:
   type: list
   elements: str
   sample: ["SIGINT is ignored by PID 8 (SigIgn): its handler cannot run, so it cannot checkpoint on this signal"]
+graceful_possible:
+  description: Whether the first stage's signal is caught (and not ignored) by the main process.
+  returned: when a trainer was found
+  type: bool
+graceful_reason:
+  description: The same in plain words, with the other signals' dispositions.
+  returned: when a trainer was found
+  type: str
+  sample: SIGINT is ignored by PID 8, as after a background launch (nohup/&), SIGTERM is not caught
+loss_at_start:
+  description:
+    - What a stop would have lost before anything was sent - newest complete checkpoint (path,
+      step parsed from its name, age), last step in the log, the steps in between, and the
+      interval between the last periodic checkpoints.
+  returned: when a trainer was found
+  type: dict
+loss:
+  description: The same figures after the stop (steps_lost is what the stop lost).
+  returned: when the ladder ran
+  type: dict
 ladder:
   description: The ladder as run.
   returned: always
@@ -238,6 +283,11 @@ def main():
             "checkpoint_activity_window": {"type": "float", "default": 5},
             "checkpoint_max_wait": {"type": "float", "default": 900},
             "require_checkpoint": {"type": "bool", "default": False},
+            "no_graceful": {"type": "str", "default": "wait_for_checkpoint",
+                            "choices": list(staged_stop.NO_GRACEFUL)},
+            "checkpoint_wait_max": {"type": "float", "default": 1800},
+            "log_file": {"type": "path"},
+            "step_regex": {"type": "str", "default": r"\bstep (\d+)\b"},
             "py_spy": {"type": "path"},
             "py_spy_timeout": {"type": "float", "default": 10},
         },
