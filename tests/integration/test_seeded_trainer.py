@@ -14,6 +14,8 @@ def in_ct(testbed, command, check=True):
 
 
 def test_seeded_trainer_runs_checkpoints_on_sigint_and_resumes(testbed):
+    for leftover in in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
+        in_ct(testbed, f"kill -KILL {leftover}", check=False)  # e.g. one a redeploy test launched
     in_ct(testbed, "rm -rf /workspace/checkpoints /workspace/logs/train.log", check=False)
     try:
         res = testbed.playbook(SEED, "-e", f"seed_hosts={CT}")

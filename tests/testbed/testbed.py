@@ -95,11 +95,13 @@ def instance_lock(state_dir, remove=False):
     path = os.path.join(parent, f".{os.path.basename(state_dir)}.lock")
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-        if remove:
-            os.unlink(path)
-            with contextlib.suppress(OSError):
-                os.rmdir(parent)  # only when no other instance lives there
+        try:
+            yield
+        finally:
+            if remove:
+                os.unlink(path)
+                with contextlib.suppress(OSError):
+                    os.rmdir(parent)  # only when no other instance lives there
 
 
 def run(cmd, **kwargs):
