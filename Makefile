@@ -17,7 +17,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping \
+.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping bench \
         restart check stop start push rollback status logs
 
 help: ## list the targets
@@ -56,6 +56,11 @@ ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
 test: setup ## unit and integration tests (brings the testbed up, and down if it was not up)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
 
+bench: setup ## the benchmark tables (stop latency, push cost, redeploy cost, scale, check mode)
+	$(BIN)/python bench/stop_latency.py
+	$(BIN)/python bench/push_cost.py
+	$(BIN)/python bench/redeploy_bench.py
+
 lint: venv ## ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
 
@@ -63,26 +68,36 @@ lint: venv ## ansible-lint (production profile)
 # NO_GRACEFUL=wait_for_checkpoint|fail|proceed: what a stop does when SIGINT cannot checkpoint
 PLAYBOOK := $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(HOST)' $(EXTRA) \
   $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL))
+# ansible-playbook exits 0 when a limit matches nothing; a job that touches nothing must not.
+HOST_GUARD = @$(BIN)/ansible -i $(INVENTORY) '$(HOST)' --list-hosts 2>/dev/null | grep -q 'hosts ([1-9]' \
+  || { echo "HOST=$(HOST) matches no host of $(INVENTORY)" >&2; exit 2; }
 
 restart: venv ## redeploy HOST: push, staged stop (checkpoint), activate, launch
+	$(HOST_GUARD)
 	$(PLAYBOOK) redeploy.yml
 
 check: venv ## dry run of the redeploy of HOST: shows the command line and the stop ladder
+	$(HOST_GUARD)
 	$(PLAYBOOK) redeploy.yml --check --diff
 
 stop: venv ## stop the trainer of HOST, checkpoint first
+	$(HOST_GUARD)
 	$(PLAYBOOK) playbooks/stop.yml
 
 start: venv ## launch the trainer of HOST (current release, preflight first)
+	$(HOST_GUARD)
 	$(PLAYBOOK) playbooks/start.yml
 
 push: venv ## push the code of HOST as a new release (not activated)
+	$(HOST_GUARD)
 	$(PLAYBOOK) playbooks/push.yml
 
 rollback: venv ## switch HOST back to its previous release and relaunch it
+	$(HOST_GUARD)
 	$(PLAYBOOK) playbooks/rollback.yml
 
 status: venv ## per CT: running, PID, uptime, release, last tok/s, latest checkpoint
+	$(HOST_GUARD)
 	$(PLAYBOOK) playbooks/status.yml
 
 logs: venv ## tail the trainer log of HOST (LINES=50)

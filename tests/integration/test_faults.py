@@ -1,12 +1,17 @@
 """Fault injection: the controller's connection to the node drops in the middle of a stop."""
 
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import time
 
-from conftest import BIN, REPO, tool_env
-from test_staged_stop import CT, NODE, OUT, ct  # noqa: F401  (fixture)
+import pytest
+
+from conftest import BIN, REPO, TRAINER, tool_env
+from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
 
@@ -58,3 +63,109 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     rerun = testbed.playbook(os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT,
                              "-e", f"trainer_stop_checkpoint_dir={OUT}")
     assert "no trainer running" in rerun.stdout and "failed=0" in rerun.stdout
+
+
+REDEPLOY = os.path.join(REPO, "redeploy.yml")
+
+
+def in_ct300(testbed, command, check=True):
+    return testbed.ssh("pve2", f"pct exec 300 -- sh -c {shlex.quote(command)}", check=check)
+
+
+def prepare_ct300(testbed):
+    """Model, data and a running trainer of the default release in ct300."""
+    in_ct300(testbed, "mkdir -p /dev/shm/models/target /workspace/data && "
+                      "echo '{}' > /dev/shm/models/target/config.json && "
+                      "echo text > /workspace/data/c.txt")
+    testbed.playbook(REDEPLOY, "-l", "ct300")
+
+
+def test_ct_stopped_between_push_and_launch(testbed, tmp_path):
+    prepare_ct300(testbed)
+    current = in_ct300(testbed, "readlink /opt/dflash/current").stdout
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train_dflash_pipeline.py").write_text(open(TRAINER).read() + "\n# v-fault\n")
+    testbed.playbook(REDEPLOY, "-l", "ct300", "--tags", "push", "-e", f"trainer_code_src={src}")
+    testbed.ssh("pve2", "pct stop 300", check=True)
+    try:
+        res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}",
+                               check=False)
+        assert res.returncode != 0
+        assert "container '300' not running!" in res.stdout
+    finally:
+        testbed.ssh("pve2", "pct start 300", check=True)
+    # no half state: current untouched, no temporary release left
+    assert in_ct300(testbed, "readlink /opt/dflash/current").stdout == current
+    assert ".tmp-" not in in_ct300(testbed, "ls -a /opt/dflash/releases").stdout
+    # the restart wiped /dev/shm: the rerun says so, then converges once the model is back
+    res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}", check=False)
+    assert res.returncode != 0 and "wiped when the CT restarts" in res.stdout
+    prepare_ct300(testbed)
+    res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}")
+    assert "failed=0" in res.stdout
+    assert in_ct300(testbed, "readlink /opt/dflash/current").stdout != current
+
+
+def test_unreachable_node_fails_its_cts_only(testbed, tmp_path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    hosts = (inventory / "hosts.yml").read_text()
+    hosts = hosts.replace("        pve2:\n", "        pve9:\n          ansible_host: 127.77.0.9\n        pve2:\n")
+    hosts = hosts.replace("        ct300:\n", "        ct900:\n          pve_node: pve9\n"
+                                               "          ansible_pct_vmid: 900\n        ct300:\n")
+    (inventory / "hosts.yml").write_text(hosts)
+    prepare_ct300(testbed)
+    res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), REDEPLOY,
+                          "-l", "ct300,ct900", "-e", "dflash_serial=2"], cwd=REPO, env=tool_env(),
+                         capture_output=True, text=True, check=False)
+    assert res.returncode != 0
+    assert "ct900" in res.stdout and "UNREACHABLE" in res.stdout
+    assert "Connection refused" in res.stdout
+    recap = {line.split()[0]: line for line in res.stdout.splitlines() if " : ok=" in line}
+    assert "unreachable=1" in recap["ct900"] and "failed=0" in recap["ct300"]
+    assert "unreachable=0" in recap["ct300"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"ansible_pct_vmid": 999}, "Configuration file 'nodes/pve2/lxc/999.conf' does not exist"),
+    ({"dflash_target_gpus": [0, 0]}, "dflash_target_gpus: GPU 0 is listed twice"),
+    ({"dflash_data_dir": "relative/data"}, "dflash_data_dir: must be an absolute path"),
+    ({"dflash_lr": "fast"}, "dflash_lr: expected a number"),
+])
+def test_bad_inputs_fail_clearly_and_touch_nothing(testbed, extra, message):
+    pushes = sum(c["argv"][0] == "push" for c in testbed.pct_invocations("pve2"))
+    res = testbed.playbook(REDEPLOY, "-l", "ct301", "-e", json.dumps(extra), check=False)
+    assert res.returncode != 0 and message in res.stdout
+    assert sum(c["argv"][0] == "push" for c in testbed.pct_invocations("pve2")) == pushes
+    assert "Stop the trainer in stages" not in res.stdout
+
+
+def test_host_matching_nothing_is_an_error():
+    res = subprocess.run(["make", "restart", "HOST=no-such-ct"], cwd=REPO, env=tool_env(),
+                         capture_output=True, text=True, check=False)
+    assert res.returncode != 0
+    assert "HOST=no-such-ct matches no host of inventory/testbed" in res.stderr
+
+
+def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path):
+    ct.sh(f"mount -t tmpfs -o size=512k tmpfs {OUT}")
+    try:
+        ct.launch()  # a first run stops cleanly: its checkpoint is the previous one
+        first = stop(tmp_path / "first", checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                     require_checkpoint=True, ladder=FAST_LADDER)
+        previous = first["checkpoint"]["new"]
+        before = ct.sh(f"sha256sum {previous}/*").stdout
+        ct.launch()
+        ct.sh(f"dd if=/dev/zero of={OUT}/filler bs=4k 2>/dev/null || true")  # the disk is full
+        result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT,
+                      checkpoint_pattern="step_*", require_checkpoint=True, ladder=FAST_LADDER)
+        assert "no new complete checkpoint appeared" in result["msg"]
+        assert result["stopped"] is True and ct.trainer_pids() == []
+        assert "No space left on device" in ct.sh("cat /workspace/train.log").stdout
+        assert result["checkpoint"]["newest"] == previous
+        assert ct.sh(f"sha256sum {previous}/*").stdout == before  # the previous one intact
+        assert ct.sh(f"test -f {OUT}/filler", check=False).returncode == 0  # nothing deleted
+    finally:
+        ct.clean()
+        ct.sh(f"umount {OUT}", check=False)

@@ -201,6 +201,7 @@ class Testbed:
             "UsePAM no",
             "StrictModes yes",
             "PrintMotd no",
+            "LogLevel VERBOSE",  # one "Accepted publickey" line per connection, for the benchmarks
             "AcceptEnv LANG LC_*",
             # a Proxmox node has pct on root's PATH
             f"SetEnv PATH={path} PVE_TESTBED_NODE={name}",

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Redeploy cost, scale and check-mode cost, measured side by side on a testbed of its own.
+
+Brings up a bench testbed (2 nodes x 4 CTs on 127.77.3.x, state in
+/var/lib/dflash-testbed/bench), seeds every CT with a running trainer, then prints:
+
+1. Redeploy cost per CT: pct invocations, SSH connections (sshd's own log) and Ansible tasks
+   for a no-change and a one-file-change redeploy, beside the hand-written sequence (scp to
+   the node, pct push, py_compile, pgrep -af, kill -INT, a 2 s kill -0 poll loop, relaunch);
+   and the redeploy's own overhead (wall time minus the trainer's checkpoint and start-up
+   time, which the redeploy reports) as a ratio to the hand sequence's wall time.
+3. Scale: wall time of one redeploy batch over 1, 2, 4 and 8 CTs (2 nodes), ratio to 1 CT.
+4. Check mode: wall time of `--check` against the real no-change run.
+(Table 2, stop detection latency, is bench/stop_latency.py.)
+The bench testbed is taken down at the end. Usage: .venv/bin/python bench/redeploy_bench.py
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from conftest import BIN, TRAINER, LiveTestbed, testbed_mod, tool_env  # noqa: E402
+
+STATE = "/var/lib/dflash-testbed/bench"
+NODES = {"bn1": "127.77.3.1", "bn2": "127.77.3.2"}
+CTS = {f"bct{vmid}": (node, vmid) for node, base in (("bn1", 700), ("bn2", 800))
+       for vmid in (base, base + 1, base + 2, base + 3)}
+
+
+def make_inventory(root):
+    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), root, symlinks=False)
+    all_vars = os.path.join(root, "group_vars", "all.yml")
+    text = open(all_vars, encoding="utf-8").read().replace(
+        "testbed_state_dir: /var/lib/dflash-testbed/main", f"testbed_state_dir: {STATE}")
+    open(all_vars, "w", encoding="utf-8").write(text)
+    hosts = ["---", "all:", "  children:", "    proxmox_nodes:", "      hosts:"]
+    hosts += [f"        {n}: {{ansible_host: {a}}}" for n, a in NODES.items()]
+    hosts += ["    dflash_trainers:", "      hosts:"]
+    hosts += [f"        {h}: {{pve_node: {n}, ansible_pct_vmid: {v}}}" for h, (n, v) in CTS.items()]
+    open(os.path.join(root, "hosts.yml"), "w", encoding="utf-8").write("\n".join(hosts) + "\n")
+    return root
+
+
+class Bench:
+    def __init__(self, inventory):
+        self.inventory = inventory
+        self.bed = testbed_mod.Testbed(inventory)
+        self.live = LiveTestbed(self.bed)
+
+    def counts(self):
+        pct = sum(len(self.live.pct_invocations(n)) for n in NODES)
+        ssh = 0
+        for node in NODES:
+            with open(os.path.join(self.bed.node_dir(node), "sshd.log"), encoding="utf-8") as h:
+                ssh += sum("Accepted publickey" in line for line in h)
+        return pct, ssh
+
+    def playbook(self, *args):
+        began = time.monotonic()
+        res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", self.inventory, *args],
+                             cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"{args} failed:\n{res.stdout[-3000:]}")
+        return res, time.monotonic() - began
+
+    def measured(self, *args):
+        pct0, ssh0 = self.counts()
+        res, wall = self.playbook(*args)
+        pct1, ssh1 = self.counts()
+        recap = [line for line in res.stdout.splitlines() if " : ok=" in line]
+        tasks = sum(int(line.split("ok=")[1].split()[0]) + int(line.split("skipped=")[1].split()[0])
+                    for line in recap)
+        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "tasks": tasks, "wall": wall,
+                "stdout": res.stdout}
+
+    def hand_sequence(self, host, src_file):
+        node, vmid = CTS[host]
+        address = NODES[node]
+        ssh = ["ssh", "-T", "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-i", self.bed.key,
+               "-o", "IdentitiesOnly=yes", "-o", "ControlMaster=no", "-p", "2222", f"root@{address}"]
+        pct0, ssh0 = self.counts()
+        began = time.monotonic()
+
+        def remote(command):
+            return subprocess.run(ssh + [command], capture_output=True, text=True, check=True).stdout
+
+        subprocess.run(["scp", "-q", "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-i",
+                        self.bed.key, "-P", "2222", src_file, f"root@{address}:/root/train_dflash_pipeline.py"],
+                       check=True)
+        hand_copy = "/tmp/train_dflash_pipeline.py"
+        remote(f"pct push {vmid} /root/train_dflash_pipeline.py {hand_copy}")
+        remote(f"pct exec {vmid} -- python3 -m py_compile {hand_copy}")
+        line = remote(f"pct exec {vmid} -- pgrep -af 'train_dflash_pipeline[.]py'")
+        pid = line.split()[0]
+        cmdline = line.split(None, 1)[1].strip().replace(
+            "/opt/dflash/current/train_dflash_pipeline.py", hand_copy)
+        remote(f"pct exec {vmid} -- kill -INT {pid}")
+        while subprocess.run(ssh + [f"pct exec {vmid} -- kill -0 {pid}"], capture_output=True,
+                             check=False).returncode == 0:
+            time.sleep(2)
+        remote(f"pct exec {vmid} -- sh -c 'cd /workspace && setsid -f {cmdline} "
+               ">> /workspace/logs/train.log 2>&1 < /dev/null'")
+        wall = time.monotonic() - began
+        pct1, ssh1 = self.counts()
+        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "tasks": "-", "wall": wall}
+
+
+def trainer_time(stdout):
+    """Seconds the trainer itself took, as the redeploy reports them: its checkpoint at the
+    stop plus its start-up until healthy."""
+    stop = re.search(r"stopped by \w+ in ([0-9.]+)s", stdout)
+    start = re.search(r"healthy after ([0-9.]+)s", stdout)
+    return (float(stop.group(1)) if stop else 0.0) + (float(start.group(1)) if start else 0.0)
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        inventory = make_inventory(os.path.join(tmp, "inventory"))
+        bench = Bench(inventory)
+        bench.bed.up()
+        try:
+            run(bench, tmp)
+        finally:
+            bench.bed.down()
+
+
+def run(bench, tmp):
+    seed = os.path.join(REPO, "playbooks", "testbed_seed.yml")
+    bench.playbook(seed, "-e", "seed_hosts=dflash_trainers")
+    one = "bct700"
+    bench.playbook("redeploy.yml", "-l", "dflash_trainers", "-e", "dflash_serial=8")  # releases in
+    no_change = bench.measured("redeploy.yml", "-l", one)
+    src = os.path.join(tmp, "src")
+    os.makedirs(src)
+    shutil.copy(TRAINER, src)
+    with open(os.path.join(src, "train_dflash_pipeline.py"), "a", encoding="utf-8") as handle:
+        handle.write("\n# one line changed\n")
+    one_file = bench.measured("redeploy.yml", "-l", one, "-e", f"trainer_code_src={src}")
+    hand = bench.hand_sequence(one, os.path.join(src, "train_dflash_pipeline.py"))
+    check = bench.measured("redeploy.yml", "-l", one, "-e", f"trainer_code_src={src}", "--check")
+    real_again = bench.measured("redeploy.yml", "-l", one, "-e", f"trainer_code_src={src}")
+
+    print("1. redeploy cost per CT (one CT; counts from the pct log and sshd's log)")
+    print(f"{'run':<24} {'pct calls':>9} {'ssh conns':>9} {'tasks':>6} {'wall s':>7} "
+          f"{'trainer s':>9} {'overhead s':>10} {'vs hand':>8}")
+    for name, row in (("redeploy, no change", no_change), ("redeploy, one file", one_file)):
+        trainer = trainer_time(row["stdout"])
+        overhead = row["wall"] - trainer
+        print(f"{name:<24} {row['pct']:>9} {row['ssh']:>9} {row['tasks']:>6} {row['wall']:>7.1f} "
+              f"{trainer:>9.1f} {overhead:>10.1f} {overhead / hand['wall']:>7.2f}x")
+    print(f"{'hand sequence':<24} {hand['pct']:>9} {hand['ssh']:>9} {hand['tasks']:>6} "
+          f"{hand['wall']:>7.1f} {'':>9} {hand['wall']:>10.1f} {1:>7.2f}x")
+
+    print("\n3. scale: one batch (serial = N) over 2 nodes, a code change each time")
+    base = None
+    print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10}")
+    for count, hosts in ((1, ["bct700"]), (2, ["bct700", "bct800"]),
+                         (4, ["bct700", "bct701", "bct800", "bct801"]), (8, list(CTS))):
+        with open(os.path.join(src, "train_dflash_pipeline.py"), "a", encoding="utf-8") as handle:
+            handle.write(f"# scale run {count}\n")
+        row = bench.measured("redeploy.yml", "-l", ",".join(hosts), "-e", f"dflash_serial={count}",
+                             "-e", f"trainer_code_src={src}")
+        base = base or row["wall"]
+        print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base:>10.2f}")
+
+    print("\n4. check mode against a real run (one CT, same code)")
+    print(f"{'run':<12} {'wall s':>7} {'ratio':>6}")
+    print(f"{'real':<12} {real_again['wall']:>7.1f} {1:>6.2f}")
+    print(f"{'--check':<12} {check['wall']:>7.1f} {check['wall'] / real_again['wall']:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
