@@ -54,12 +54,15 @@ class Bench:
         self.live = LiveTestbed(self.bed)
 
     def counts(self):
+        """pct calls, SSH connections (TCP + handshake) and SSH sessions (round trips)."""
         pct = sum(len(self.live.pct_invocations(n)) for n in NODES)
-        ssh = 0
+        ssh = sessions = 0
         for node in NODES:
             with open(os.path.join(self.bed.node_dir(node), "sshd.log"), encoding="utf-8") as h:
-                ssh += sum("Accepted publickey" in line for line in h)
-        return pct, ssh
+                for line in h:
+                    ssh += "Accepted publickey" in line
+                    sessions += "Starting session" in line
+        return pct, ssh, sessions
 
     def playbook(self, *args):
         began = time.monotonic()
@@ -70,21 +73,21 @@ class Bench:
         return res, time.monotonic() - began
 
     def measured(self, *args):
-        pct0, ssh0 = self.counts()
+        pct0, ssh0, ses0 = self.counts()
         res, wall = self.playbook(*args)
-        pct1, ssh1 = self.counts()
+        pct1, ssh1, ses1 = self.counts()
         recap = [line for line in res.stdout.splitlines() if " : ok=" in line]
         tasks = sum(int(line.split("ok=")[1].split()[0]) + int(line.split("skipped=")[1].split()[0])
                     for line in recap)
-        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "tasks": tasks, "wall": wall,
-                "stdout": res.stdout}
+        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "sessions": ses1 - ses0, "tasks": tasks,
+                "wall": wall, "stdout": res.stdout}
 
     def hand_sequence(self, host, src_file):
         node, vmid = CTS[host]
         address = NODES[node]
         ssh = ["ssh", "-T", "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-i", self.bed.key,
                "-o", "IdentitiesOnly=yes", "-o", "ControlMaster=no", "-p", "2222", f"root@{address}"]
-        pct0, ssh0 = self.counts()
+        pct0, ssh0, ses0 = self.counts()
         began = time.monotonic()
 
         def remote(command):
@@ -107,8 +110,9 @@ class Bench:
         remote(f"pct exec {vmid} -- sh -c 'cd /workspace && setsid -f {cmdline} "
                ">> /workspace/logs/train.log 2>&1 < /dev/null'")
         wall = time.monotonic() - began
-        pct1, ssh1 = self.counts()
-        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "tasks": "-", "wall": wall}
+        pct1, ssh1, ses1 = self.counts()
+        return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "sessions": ses1 - ses0, "tasks": "-",
+                "wall": wall}
 
 
 def trainer_time(stdout):
@@ -146,15 +150,16 @@ def run(bench, tmp):
     check = bench.measured("redeploy.yml", "-l", one, "-e", f"trainer_code_src={src}", "--check")
     real_again = bench.measured("redeploy.yml", "-l", one, "-e", f"trainer_code_src={src}")
 
-    print("1. redeploy cost per CT (one CT; counts from the pct log and sshd's log)")
-    print(f"{'run':<24} {'pct calls':>9} {'ssh conns':>9} {'tasks':>6} {'wall s':>7} "
+    print("1. redeploy cost per CT (one CT; counts from the pct log and sshd's log; the redeploy's")
+    print("   ControlMaster from the run before is reused: new TCP connections only when it expired)")
+    print(f"{'run':<24} {'pct calls':>9} {'ssh conns':>9} {'sessions':>8} {'tasks':>6} {'wall s':>7} "
           f"{'trainer s':>9} {'overhead s':>10} {'vs hand':>8}")
     for name, row in (("redeploy, no change", no_change), ("redeploy, one file", one_file)):
         trainer = trainer_time(row["stdout"])
         overhead = row["wall"] - trainer
-        print(f"{name:<24} {row['pct']:>9} {row['ssh']:>9} {row['tasks']:>6} {row['wall']:>7.1f} "
+        print(f"{name:<24} {row['pct']:>9} {row['ssh']:>9} {row['sessions']:>8} {row['tasks']:>6} {row['wall']:>7.1f} "
               f"{trainer:>9.1f} {overhead:>10.1f} {overhead / hand['wall']:>7.2f}x")
-    print(f"{'hand sequence':<24} {hand['pct']:>9} {hand['ssh']:>9} {hand['tasks']:>6} "
+    print(f"{'hand sequence':<24} {hand['pct']:>9} {hand['ssh']:>9} {hand['sessions']:>8} {hand['tasks']:>6} "
           f"{hand['wall']:>7.1f} {'':>9} {hand['wall']:>10.1f} {1:>7.2f}x")
 
     print("\n3. scale: one batch (serial = N) over 2 nodes, a code change each time")
