@@ -381,28 +381,40 @@ def fingerprint(directory):
     return (count, total, newest)
 
 
+def _temp_patterns(params):
+    return params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
+
+
+def module_checkpoints(params):
+    """checkpoint_entries() of checkpoint_dir with the module's pattern parameters."""
+    return checkpoint_entries(params["checkpoint_dir"], params.get("checkpoint_pattern") or "*",
+                              _temp_patterns(params))
+
+
+def temp_files_left(params):
+    """Temporary names in checkpoint_dir: a checkpoint still being written."""
+    try:
+        names = os.listdir(params["checkpoint_dir"])
+    except OSError:
+        return []
+    return sorted(n for n in names if _is_temp(n, _temp_patterns(params)))
+
+
 def checkpoint_report(params, before):
     directory = params["checkpoint_dir"]
-    pattern = params.get("checkpoint_pattern") or "*"
-    temp = params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
-    after = checkpoint_entries(directory, pattern, temp)
+    after = module_checkpoints(params)
     complete = {n: e for n, e in after.items() if e["complete"]}
     newest = max(complete, key=lambda n: complete[n]["mtime"]) if complete else None
     new = sorted((n for n, e in complete.items()
                   if n not in before or before[n]["mtime"] != e["mtime"]),
                  key=lambda n: complete[n]["mtime"])
-    temp_left = []
-    try:
-        temp_left = sorted(n for n in os.listdir(directory) if _is_temp(n, temp))
-    except OSError:
-        pass
     return {
         "dir": directory,
         "newest": os.path.join(directory, newest) if newest else None,
         "newest_age_s": round(time.time() - complete[newest]["mtime"], 3) if newest else None,
         "new": os.path.join(directory, new[-1]) if new else None,
         "written": bool(new),
-        "temp_files_left": temp_left,
+        "temp_files_left": temp_files_left(params),
     }
 
 
@@ -431,8 +443,7 @@ def graceful_assessment(main, stages):
 
 
 def _complete_checkpoints(params):
-    entries = checkpoint_entries(params["checkpoint_dir"], params.get("checkpoint_pattern") or "*",
-                                 params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS)
+    entries = module_checkpoints(params)
     return sorted(((n, e) for n, e in entries.items() if e["complete"]), key=lambda i: i[1]["mtime"])
 
 
@@ -499,14 +510,12 @@ def wait_for_checkpoint(params, before, main_ident, result, started):
             result)
     bound = min(1.5 * interval, float(params.get("checkpoint_wait_max") or 1800))
     began = time.monotonic()
-    temp = params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
     while time.monotonic() - began < bound:
         if not proctable.alive(main_ident):
             return
         fresh = [(n, e) for n, e in _complete_checkpoints(params)
                  if n not in before or before[n]["mtime"] != e["mtime"]]
-        leftovers = [n for n in os.listdir(params["checkpoint_dir"]) if _is_temp(n, temp)]
-        if fresh and not leftovers:
+        if fresh and not temp_files_left(params):
             _event(result, started, event="checkpoint_landed",
                    path=os.path.join(params["checkpoint_dir"], fresh[-1][0]),
                    waited=round(time.monotonic() - began, 3))
@@ -575,9 +584,7 @@ def run(params, proc_root="/proc", check_mode=False):
               "ladder": [dict(s, signal=s["signal"].name) for s in stages]}
     before = {}
     if params.get("checkpoint_dir"):
-        before = checkpoint_entries(params["checkpoint_dir"],
-                                    params.get("checkpoint_pattern") or "*",
-                                    params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS)
+        before = module_checkpoints(params)
     if main is None:
         result["msg"] = "no trainer running" + (
             f" ({found['pidfile_reason']})" if found["pidfile_reason"] else "")
