@@ -8,7 +8,8 @@ Brings up a bench testbed (2 nodes x 4 CTs on 127.77.3.x, state in
    for a no-change and a one-file-change redeploy, beside the hand-written sequence (scp to
    the node, pct push, py_compile, pgrep -af, kill -INT, a 2 s kill -0 poll loop, relaunch);
    and the redeploy's own overhead (wall time minus the trainer's checkpoint and start-up
-   time, which the redeploy reports) as a ratio to the hand sequence's wall time.
+   time up to its first progress line, which the redeploy reports) as a ratio to the hand
+   sequence's wall time.
 3. Scale: wall time of one redeploy batch over 1, 2, 4 and 8 CTs (2 nodes), ratio to 1 CT.
 4. Check mode: wall time of `--check` against the real no-change run.
 (Table 2, stop detection latency, is bench/stop_latency.py.)
@@ -117,9 +118,10 @@ class Bench:
 
 def trainer_time(stdout):
     """Seconds the trainer itself took, as the redeploy reports them: its checkpoint at the
-    stop plus its start-up until healthy."""
+    stop plus its start-up until its first progress line. Any health hold after that line
+    (trainer_launch_health_seconds) is the redeploy's own time."""
     stop = re.search(r"stopped by \w+ in ([0-9.]+)s", stdout)
-    start = re.search(r"healthy after ([0-9.]+)s", stdout)
+    start = re.search(r"first progress after ([0-9.]+)s", stdout)
     return (float(stop.group(1)) if stop else 0.0) + (float(start.group(1)) if start else 0.0)
 
 

@@ -39,7 +39,8 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
         cwd=REPO, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not ct.sh("pgrep -f [A]nsiballZ_staged_stop", check=False).stdout.strip():
+        # the detached stop is under way once its worker file names it
+        while ct.sh("test -s /run/dflash/stop.worker", check=False).returncode != 0:
             assert time.monotonic() < deadline and playbook.poll() is None
             time.sleep(0.05)
         address = testbed.bed.nodes[NODE]["address"]

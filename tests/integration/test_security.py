@@ -35,17 +35,22 @@ def test_hostile_values_in_paths_args_env_and_file_names(testbed, tmp_path):
     for index, name in enumerate(HOSTILE):  # file names in the trainer source
         (src / f"{name.replace('/', '_')}.txt").write_text(f"{index}\n")
     hostile_dir = "/workspace/out " + HOSTILE[1]  # a path value
-    res = testbed.playbook(REDEPLOY, "-l", CT, "-e", json.dumps({
-        "trainer_code_src": str(src),
-        "dflash_output_dir": hostile_dir,
-        "dflash_extra_args": ["--tag", " ".join(HOSTILE)],
-        "dflash_env": {"NOTE": HOSTILE[0], "OTHER": HOSTILE[2]},
-        "trainer_stop_checkpoint_dir": hostile_dir}))
-    assert "failed=0" in res.stdout
-    listing = in_ct(testbed, "ls /opt/dflash/current/").stdout
-    assert all(f"{n.replace('/', '_')}.txt" in listing for n in HOSTILE)
-    assert in_ct(testbed, f"test -d {shlex.quote(hostile_dir)}", check=False).returncode == 0
-    no_pwned_anywhere(testbed)
+    try:
+        res = testbed.playbook(REDEPLOY, "-l", CT, "-e", json.dumps({
+            "trainer_code_src": str(src),
+            "dflash_output_dir": hostile_dir,
+            "dflash_extra_args": ["--tag", " ".join(HOSTILE)],
+            "dflash_env": {"NOTE": HOSTILE[0], "OTHER": HOSTILE[2]},
+            "trainer_stop_checkpoint_dir": hostile_dir}))
+        assert "failed=0" in res.stdout
+        listing = in_ct(testbed, "ls /opt/dflash/current/").stdout
+        assert all(f"{n.replace('/', '_')}.txt" in listing for n in HOSTILE)
+        assert in_ct(testbed, f"test -d {shlex.quote(hostile_dir)}", check=False).returncode == 0
+        no_pwned_anywhere(testbed)
+    finally:
+        # the literal directory (its name has a "/tmp/pwned2" inside): later searches for
+        # pwned* files must not find it
+        in_ct(testbed, f"rm -rf {shlex.quote(hostile_dir.split('/tmp/')[0])}", check=False)
 
 
 def test_secrets_stay_out_of_ps_logs_vvv_and_awx_artifacts(testbed, tmp_path):

@@ -177,8 +177,10 @@ class Testbed:
 
     def up_node(self, name, spec):
         ndir = self.node_dir(name)
-        for sub in ("bin", "lxc", "lock", f"etc/pve/nodes/{name}/lxc"):
+        for sub in ("bin", "lxc", "lock", "root", f"etc/pve/nodes/{name}/lxc"):
             os.makedirs(os.path.join(ndir, sub), mode=0o755, exist_ok=True)
+        os.chmod(os.path.join(ndir, "root"), 0o700)
+        write(os.path.join(ndir, "root", ".bashrc"), "export HOME=/root\n")
         # One copy of pct per node: it finds its node from its own location.
         shutil.copyfile(os.path.join(HERE, "pct.py"), os.path.join(ndir, "bin", "pct"))
         os.chmod(os.path.join(ndir, "bin", "pct"), 0o755)
@@ -203,8 +205,11 @@ class Testbed:
             "PrintMotd no",
             "LogLevel VERBOSE",  # one "Accepted publickey" line per connection, for the benchmarks
             "AcceptEnv LANG LC_*",
-            # a Proxmox node has pct on root's PATH
-            f"SetEnv PATH={path} PVE_TESTBED_NODE={name}",
+            # a Proxmox node has pct on root's PATH and Debian's default dotfiles, not this
+            # host's (a pyenv init in root's .bashrc costs 0.1 s per session): bash reads the
+            # node's own .bashrc, which gives the command HOME=/root back (pct exec passes
+            # HOME on into the CT)
+            f"SetEnv PATH={path} HOME={ndir}/root PVE_TESTBED_NODE={name}",
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "Subsystem sftp internal-sftp",

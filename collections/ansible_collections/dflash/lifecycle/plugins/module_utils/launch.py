@@ -21,6 +21,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
 
 TAIL_LINES = 20
+HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
 
 
 class LaunchError(Exception):
@@ -106,26 +107,79 @@ def gpu_holders(device_paths, proc_root="/proc"):
 
 # -- files -----------------------------------------------------------------------------------
 
+def check_secure_dir(path):
+    """path must be a real directory owned by us, not writable by group or others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise LaunchError(f"{path} must be a real directory owned by uid {os.geteuid()}, not a "
+                          f"symlink (to {os.readlink(path)})")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LaunchError(f"{path} must be a directory owned by uid {os.geteuid()} and not "
+                          f"writable by group or others (found mode {stat.S_IMODE(st.st_mode):o}, "
+                          f"uid {st.st_uid})")
+
+
 def secure_dir(path):
     """A root-owned, non-group/world-writable real directory (created 0700 when missing)."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise LaunchError(f"{path} must be a directory owned by uid {os.geteuid()} and not "
-                          "writable by group or others (not a symlink)")
+    check_secure_dir(path)
+
+
+def write_atomic(path, text, mode=0o600):
+    """Replace path with text: a new file opened O_EXCL|O_NOFOLLOW (a planted symlink is
+    refused, not followed), then renamed over path. Returns whether the content changed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            unchanged = handle.read() == text.encode() and stat.S_IMODE(os.fstat(fd).st_mode) == mode
+    except OSError:  # missing, or a symlink (ELOOP): replaced below
+        unchanged = False
+    if unchanged:
+        return False
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        os.fchmod(handle.fileno(), mode)  # whatever the umask
+    os.rename(tmp, path)
+    return True
 
 
 def write_pidfile(path, pid, starttime):
-    """'PID STARTTIME', replaced atomically; O_NOFOLLOW refuses a planted symlink."""
+    """'PID STARTTIME' in a root-only directory."""
     secure_dir(os.path.dirname(path))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{pid} {starttime}\n")
-    os.rename(tmp, path)
+    write_atomic(path, f"{pid} {starttime}\n", 0o644)
+
+
+def prepare_run(params, check_mode=False):
+    """The run directory (root-only, not a symlink), the wrapper script and the secrets env
+    file in it, and the directories the run writes to. Returns the paths that changed."""
+    changed = []
+    run_dir = params.get("run_dir")
+    if run_dir:
+        if check_mode:
+            if os.path.lexists(run_dir):
+                check_secure_dir(run_dir)
+        else:
+            secure_dir(run_dir)
+        for name, content, mode in (("trainer.sh", params.get("wrapper_script"), 0o700),
+                                    ("secrets.env", params.get("secrets_env"), 0o600)):
+            path = os.path.join(run_dir, name)
+            if content is None:
+                continue
+            if check_mode:
+                changed.append(path)  # not read: a check run does not compare secrets
+            elif write_atomic(path, content, mode):
+                changed.append(path)
+    for path in params.get("create_dirs") or []:
+        if not os.path.isdir(path):
+            if not check_mode:
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            changed.append(path)
+    return changed
 
 
 def rotate_logs(log_file, keep):
@@ -180,7 +234,7 @@ def wait_healthy(proc, params, offset):
     regex = re.compile(params.get("health_regex") or r"tok/s")
     began = time.monotonic()
     deadline = began + float(params.get("health_timeout", 300))
-    min_alive = float(params.get("health_seconds", 5))
+    min_alive = float(params.get("health_seconds") or 0)
     seen = None
     while True:
         code = proc.poll()
@@ -194,12 +248,13 @@ def wait_healthy(proc, params, offset):
         if seen is None:
             for line in log_tail(params["log_file"], offset, lines=200):
                 if regex.search(line):
-                    seen = line
+                    seen, seen_after = line, time.monotonic() - began
                     break
         alive_for = time.monotonic() - began
         if seen is not None and alive_for >= min_alive:
             figure = re.search(r"tok/s\s+([0-9.]+)", seen)
-            return {"pid": proc.pid, "healthy_after_s": round(alive_for, 2), "progress_line": seen,
+            return {"pid": proc.pid, "healthy_after_s": round(alive_for, 2),
+                    "first_progress_s": round(seen_after, 2), "progress_line": seen,
                     "tokens_per_s": float(figure.group(1)) if figure else None}
         if time.monotonic() > deadline:
             raise LaunchError(
@@ -207,4 +262,4 @@ def wait_healthy(proc, params, offset):
                 f"{params.get('health_timeout', 300)}s; it is left running. Last lines:\n"
                 + "\n".join(log_tail(params["log_file"], offset)),
                 pid=proc.pid, log_tail=log_tail(params["log_file"], offset))
-        time.sleep(0.2)
+        time.sleep(HEALTH_POLL_SECONDS)

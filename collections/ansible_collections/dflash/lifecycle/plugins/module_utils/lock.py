@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir, write_atomic
 
 
 class LockHeld(Exception):
@@ -35,14 +35,6 @@ def _read(path):
             return json.load(handle)
         except ValueError:
             return {"holder": "unreadable lock file", "expires": 0}
-
-
-def _write(path, content):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(content, handle)
-    os.rename(tmp, path)
 
 
 def _guarded(path, action):
@@ -75,7 +67,7 @@ def acquire(path, holder, ttl, now=None):
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
         lock = {"holder": holder, "since": since, "expires": now + ttl}
-        _write(path, lock)
+        write_atomic(path, json.dumps(lock), 0o600)
         return current is None or taken_over is not None, lock, taken_over
 
     return _guarded(path, action)

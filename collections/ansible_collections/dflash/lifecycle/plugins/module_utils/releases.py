@@ -118,6 +118,27 @@ def write_archive(src, manifest, path):
 
 # -- target side ------------------------------------------------------------------------------
 
+def build_release(params):
+    """On the controller: the manifest and archive of the source tree (or a git ref of it)."""
+    export = None
+    try:
+        src = params["src"]
+        if params.get("git_repo"):
+            export = tempfile.mkdtemp(prefix="dflash-git-")
+            git_export(params["git_repo"], params.get("git_ref") or "HEAD", export)
+            src = export
+        manifest = build_manifest(src, params["include"], params["exclude"])
+        release = release_id(manifest)
+        os.makedirs(params["archive_dir"], mode=0o700, exist_ok=True)
+        archive = os.path.join(params["archive_dir"], f"{release}.tar.gz")
+        archive_sha256 = write_archive(src, manifest, archive)
+    finally:
+        if export:
+            shutil.rmtree(export, ignore_errors=True)
+    return {"release": release, "files": manifest, "archive": archive,
+            "archive_sha256": archive_sha256, "archive_bytes": os.path.getsize(archive)}
+
+
 def releases_dir(base):
     return os.path.join(base, "releases")
 

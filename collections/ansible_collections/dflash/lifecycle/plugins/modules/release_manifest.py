@@ -13,8 +13,9 @@ description:
   - Selects the trainer files from a local directory (or a git ref of a local repository), computes
     the sha256 of each and the release id (a hash of paths, modes and contents), and writes one tar
     archive of them for the push.
-  - Meant to run on the controller (delegated to localhost); it changes nothing it manages, so
-    it also runs in check mode.
+  - Runs on the controller, in the Ansible process itself (an action plugin, no module to ship
+    and start), whatever host the task targets; it changes nothing it manages, so it also runs
+    in check mode. Use it with C(run_once).
 options:
   src:
     description: Directory holding the trainer code. Ignored when O(git_repo) is set.
@@ -48,6 +49,9 @@ attributes:
     support: none
   platform:
     platforms: posix
+  action:
+    support: full
+    details: Runs in the controller's Ansible process.
 """
 
 EXAMPLES = r"""
@@ -56,7 +60,6 @@ EXAMPLES = r"""
     src: ~/src/dflash
     include: ["*.py", "configs/*.yaml"]
     archive_dir: /tmp/dflash-releases
-  delegate_to: localhost
   run_once: true
   register: trainer_manifest
 """
@@ -85,50 +88,5 @@ archive_bytes:
   type: int
 """
 
-import os
-import shutil
-import tempfile
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import releases
-
-
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "src": {"type": "path"},
-            "git_repo": {"type": "path"},
-            "git_ref": {"type": "str", "default": "HEAD"},
-            "include": {"type": "list", "elements": "str", "default": ["*"]},
-            "exclude": {"type": "list", "elements": "str",
-                        "default": ["__pycache__/*", "*.pyc", ".git/*"]},
-            "archive_dir": {"type": "path", "required": True},
-        },
-        required_one_of=[("src", "git_repo")],
-        supports_check_mode=True,
-    )
-    params = module.params
-    export = None
-    try:
-        src = params["src"]
-        if params["git_repo"]:
-            export = tempfile.mkdtemp(prefix="dflash-git-")
-            releases.git_export(params["git_repo"], params["git_ref"], export)
-            src = export
-        manifest = releases.build_manifest(src, params["include"], params["exclude"])
-        release = releases.release_id(manifest)
-        os.makedirs(params["archive_dir"], mode=0o700, exist_ok=True)
-        archive = os.path.join(params["archive_dir"], f"{release}.tar.gz")
-        archive_sha256 = releases.write_archive(src, manifest, archive)
-    except releases.ReleaseError as err:
-        module.fail_json(msg=str(err))
-    finally:
-        if export:
-            shutil.rmtree(export, ignore_errors=True)
-    module.exit_json(changed=False, release=release, files=manifest, archive=archive,
-                     archive_sha256=archive_sha256, archive_bytes=os.path.getsize(archive))
-
-
-if __name__ == "__main__":
-    main()
+# The work is done by the action plugin of the same name (plugins/action/release_manifest.py);
+# this file holds its documentation.

@@ -29,7 +29,8 @@ description:
   - Before escalating past the first stage it records per-thread state and wchan of the main
     process and a C(py-spy dump) when py-spy exists (skipped for a thread in D state).
   - Processes that survive the last stage make the task fail with a report of them.
-  - The module's own process and its ancestors are never targets.
+  - The module's own process and its ancestors are never targets (nor, with O(detach), the
+    detached process and the module's ancestors).
 options:
   pidfile:
     description:
@@ -138,6 +139,22 @@ options:
     description: Seconds a C(py-spy dump) may take.
     type: float
     default: 10
+  detach:
+    description:
+      - Run the stop in a detached process inside the target (own session, stdio on /dev/null)
+        and wait for it there, so a dropped controller connection cannot interrupt a stop half
+        way. The module returns the moment the detached stop ends, with no polling interval.
+      - A later call that finds a detached stop still running waits for it and returns its
+        result (C(adopted=true)) instead of starting another.
+      - Not used in check mode.
+    type: bool
+    default: false
+  detach_dir:
+    description:
+      - Root-only directory (a real directory, not a symlink) where the detached stop leaves
+        C(stop.worker) and C(stop.result.json).
+    type: path
+    default: /run/dflash
 attributes:
   check_mode:
     support: full
@@ -164,6 +181,7 @@ EXAMPLES = r"""
     checkpoint_dir: /workspace/checkpoints
     checkpoint_pattern: step_*
     require_checkpoint: true
+    detach: true  # the stop runs to its end even if the connection drops
   register: trainer_stopped
 
 - name: A trainer known to ignore SIGINT; give SIGTERM longer
@@ -176,6 +194,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+adopted:
+  description: With O(detach), whether this call found an earlier detached stop running and waited for it.
+  returned: when O(detach) is true and not in check mode
+  type: bool
 msg:
   description: One line for a human (AWX job output).
   returned: always
@@ -259,9 +281,11 @@ ladder:
   elements: dict
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch, proctable, staged_stop
 
 
 def main():
@@ -290,16 +314,35 @@ def main():
             "step_regex": {"type": "str", "default": r"\bstep (\d+)\b"},
             "py_spy": {"type": "path"},
             "py_spy_timeout": {"type": "float", "default": 10},
+            "detach": {"type": "bool", "default": False},
+            "detach_dir": {"type": "path", "default": "/run/dflash"},
         },
         required_one_of=[("pidfile", "pattern")],
         supports_check_mode=True,
     )
+    params = dict(module.params)
+
+    def stop():
+        try:
+            return staged_stop.run(params, check_mode=module.check_mode)
+        except staged_stop.StopFailed as err:
+            return dict(err.result, failed=True)
+
     try:
-        result = staged_stop.run(module.params, check_mode=module.check_mode)
+        staged_stop.validate_ladder(params["ladder"])
+        if params["detach"] and not module.check_mode:
+            # the detached process is no descendant of ours: keep our ancestors out of reach
+            params["exclude_pids"] = proctable.ancestors(proctable.snapshot(), os.getpid())
+            result, adopted = detached.run(stop, params["detach_dir"], "stop")
+            result["adopted"] = adopted
+        else:
+            result = stop()
     except staged_stop.InvalidParameter as err:
         module.fail_json(msg=str(err))
-    except staged_stop.StopFailed as err:
-        module.fail_json(**err.result)
+    except (launch.LaunchError, OSError) as err:
+        module.fail_json(msg=f"detach_dir: {err}")
+    if result.pop("failed", False):
+        module.fail_json(**result)
     for note in result["notes"]:
         module.warn(note)
     if module._diff:

@@ -18,8 +18,15 @@ description:
     handler), stdin from /dev/null, stdout and stderr appended to O(log_file) after rotating the
     old ones. The command is expected to exec the trainer, so the pidfile (C(PID STARTTIME),
     written with O_NOFOLLOW in a root-only directory) names the Python process itself.
-  - Healthy means alive for O(health_seconds) and a log line matching O(health_regex). A trainer
-    that dies fails the task with the tail of its log.
+  - Before the refusal checks it prepares the run in the same call (one round trip for the whole
+    launch) - O(run_dir) must be a real directory owned by root and not writable by group or
+    others (created C(0700) when missing; a symlink, even one planted to a world-writable place,
+    is refused and nothing is written); O(wrapper_script) and O(secrets_env) are written there as
+    C(trainer.sh) (C(0700)) and C(secrets.env) (C(0600)) through files opened with O_NOFOLLOW and
+    renamed into place; O(create_dirs) are created C(0755).
+  - Healthy means a log line matching O(health_regex) (the trainer ran that far) while alive,
+    and alive for at least O(health_seconds) since the start. A trainer that dies fails the task
+    with the tail of its log.
 options:
   command:
     description: The argv to run, typically C([/bin/sh, <wrapper script>]).
@@ -48,6 +55,22 @@ options:
     type: list
     elements: str
     default: []
+  run_dir:
+    description: Root-only directory of O(wrapper_script), O(secrets_env) and usually O(pidfile).
+    type: path
+  wrapper_script:
+    description: Content of C(trainer.sh) in O(run_dir); unchanged content is not rewritten.
+    type: str
+  secrets_env:
+    description:
+      - Content of C(secrets.env) in O(run_dir) (C(NAME=value) lines the wrapper sources). Kept out
+        of the task's output and logs (no_log).
+    type: str
+  create_dirs:
+    description: Directories the run writes to (log, checkpoints), created when missing.
+    type: list
+    elements: path
+    default: []
   log_file:
     description: Log of the run.
     type: path
@@ -57,9 +80,11 @@ options:
     type: int
     default: 5
   health_seconds:
-    description: How long the trainer must live before it counts as healthy.
+    description:
+      - The least time since the start before the trainer counts as healthy. The O(health_regex)
+        line already proves it ran; raise this to watch it for longer (past a first evaluation).
     type: float
-    default: 5
+    default: 0
   health_regex:
     description: A log line proving progress.
     type: str
@@ -71,7 +96,9 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Runs the refusal checks and reports what it would start; starts nothing.
+    details: >-
+      Checks O(run_dir), runs the refusal checks and reports what it would write and start;
+      writes and starts nothing.
   diff_mode:
     support: none
   platform:
@@ -86,6 +113,16 @@ EXAMPLES = r"""
     pattern: train_dflash_pipeline[.]py
     device_paths: [/dev/nvidia0, /dev/nvidia1]
     log_file: /workspace/logs/train.log
+
+- name: Write the wrapper and the secrets, create the directories, then start
+  dflash.lifecycle.trainer_process:
+    run_dir: /run/dflash
+    wrapper_script: "{{ lookup('ansible.builtin.template', 'trainer.sh.j2') }}"
+    secrets_env: "HF_TOKEN={{ vault_hf_token | ansible.builtin.quote }}\n"
+    create_dirs: [/workspace/logs, /workspace/checkpoints]
+    command: [/bin/sh, /run/dflash/trainer.sh]
+    pidfile: /run/dflash/trainer.pid
+    log_file: /workspace/logs/train.log
 """
 
 RETURN = r"""
@@ -93,6 +130,19 @@ pid:
   description: PID of the trainer (the Python process).
   returned: success
   type: int
+first_progress_s:
+  description: Seconds from the start to the first O(health_regex) line (the trainer's start-up).
+  returned: success
+  type: float
+healthy_after_s:
+  description: Seconds from the start until it counted as healthy.
+  returned: success
+  type: float
+written:
+  description: Files and directories of the run that were written or created.
+  returned: always
+  type: list
+  elements: str
 progress_line:
   description: The first log line that matched O(health_regex).
   returned: success
@@ -120,33 +170,43 @@ def main():
             "cwd": {"type": "path", "default": "/"},
             "pidfile": {"type": "path", "required": True},
             "pattern": {"type": "str"},
+            "run_dir": {"type": "path"},
+            "wrapper_script": {"type": "str"},
+            "secrets_env": {"type": "str", "no_log": True},
+            "create_dirs": {"type": "list", "elements": "path", "default": []},
             "refuse_busy": {"type": "bool", "default": True},
             "device_paths": {"type": "list", "elements": "str", "default": []},
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
-            "health_seconds": {"type": "float", "default": 5},
+            "health_seconds": {"type": "float", "default": 0},
             "health_regex": {"type": "str", "default": "tok/s"},
             "health_timeout": {"type": "float", "default": 300},
         },
         supports_check_mode=True,
     )
     params = module.params
+    try:
+        written = launch.prepare_run(params, check_mode=module.check_mode)
+    except (launch.LaunchError, OSError) as err:
+        module.fail_json(msg=f"run directory: {err}")
     running = launch.running_trainer(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
     if running is not None:
         module.fail_json(msg=f"a trainer is already running: PID {running.pid} "
-                             f"({running.cmdline[:200]}); stop it first", pid=running.pid)
+                             f"({running.cmdline[:200]}); stop it first", pid=running.pid,
+                         written=written)
     busy = launch.gpu_holders(params["device_paths"]) if params["refuse_busy"] else {}
     if busy:
         module.fail_json(msg="GPUs in use: " + "; ".join(
             f"{dev} held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:80]})" for h in holders)
-            for dev, holders in sorted(busy.items())), busy=busy)
+            for dev, holders in sorted(busy.items())), busy=busy, written=written)
     if module.check_mode:
-        module.exit_json(changed=True, msg=f"would start {' '.join(params['command'])}")
+        module.exit_json(changed=True, written=written,
+                         msg=f"would start {' '.join(params['command'])}")
     try:
         result = launch.start(params)
     except launch.LaunchError as err:
-        module.fail_json(msg=str(err), **err.details)
-    module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **result)
+        module.fail_json(msg=str(err), written=written, **err.details)
+    module.exit_json(changed=True, written=written, msg=f"trainer PID {result['pid']} healthy", **result)
 
 
 if __name__ == "__main__":

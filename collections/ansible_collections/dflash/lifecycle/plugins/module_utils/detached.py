@@ -1,0 +1,132 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Run work in a detached process inside the CT and wait for it (Python 3.8 compatible).
+
+A staged stop must run to its end even when the controller's connection (ssh -> pct exec ->
+lxc-attach) drops half way. The work runs in a grandchild in its own session with stdio on
+/dev/null, so the end of the attached session does not reach it, and it leaves its result in
+a root-only directory. The caller waits on a pipe the worker holds open: EOF comes the moment
+the worker exits, with no polling interval added (Ansible's async would poll from the
+controller, a round trip per poll and at least a second of added latency). A later call that
+finds a worker still running waits for that one and returns its result instead of starting
+a second stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir, write_atomic
+
+ADOPT_POLL_SECONDS = 0.05
+
+
+def _worker_file(state_dir, name):
+    return os.path.join(state_dir, f"{name}.worker")
+
+
+def _result_file(state_dir, name):
+    return os.path.join(state_dir, f"{name}.result.json")
+
+
+def running_worker(state_dir, name, proc_root="/proc"):
+    """(pid, starttime) of a worker of this name that is still running, else None."""
+    try:
+        fd = os.open(_worker_file(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd) as handle:
+        fields = handle.read().split()
+    try:
+        identity = (int(fields[0]), int(fields[1]))
+    except (IndexError, ValueError):
+        return None
+    return identity if proctable.alive(identity, proc_root) else None
+
+
+def _wait_gone(identity):
+    """Until the process (pid, starttime) is gone: a pidfd where the kernel has them."""
+    try:
+        fd = os.pidfd_open(identity[0])
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            if proctable.alive(identity):  # the pid was not reused before the pidfd was taken
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                poller.poll()
+        finally:
+            os.close(fd)
+        return
+    while proctable.alive(identity):
+        time.sleep(ADOPT_POLL_SECONDS)
+
+
+def _read_result(state_dir, name, worker_pid):
+    try:
+        fd = os.open(_result_file(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        record = {}
+    if record.get("worker") != worker_pid:
+        return {"failed": True, "msg": f"the detached {name} (PID {worker_pid}) ended without "
+                                       f"leaving a result in {state_dir}"}
+    return record["result"]
+
+
+def _work_in_worker(work, state_dir, name, pipe_w):
+    """In the worker: never returns."""
+    status = 0
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        me = proctable.read_process(os.getpid())
+        write_atomic(_worker_file(state_dir, name), f"{me.pid} {me.starttime}\n")
+        try:
+            os.write(pipe_w, f"{me.pid}\n".encode())
+        except OSError:
+            pass  # the caller is gone already; the work goes on
+        try:
+            result = work()
+        except Exception as err:  # noqa: BLE001  (any failure must reach the result file)
+            result = {"failed": True, "msg": f"the detached {name} failed: {err!r}"}
+        write_atomic(_result_file(state_dir, name), json.dumps({"worker": me.pid, "result": result}))
+        os.unlink(_worker_file(state_dir, name))
+    except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
+        status = 1
+    finally:
+        os._exit(status)
+
+
+def run(work, state_dir, name):
+    """work() -> result dict, run detached. Returns (result, adopted): adopted is True when a
+    worker started by an earlier call was still running and this call waited for it."""
+    secure_dir(state_dir)
+    earlier = running_worker(state_dir, name)
+    if earlier is not None:
+        _wait_gone(earlier)
+        return _read_result(state_dir, name, earlier[0]), True
+    pipe_r, pipe_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(pipe_r)
+            os.setsid()
+            if os.fork() == 0:
+                _work_in_worker(work, state_dir, name, pipe_w)
+        finally:
+            os._exit(0)
+    os.close(pipe_w)
+    os.waitpid(child, 0)
+    with os.fdopen(pipe_r, "rb") as pipe:
+        received = pipe.read()  # returns at EOF: the worker has exited
+    if not received.strip():
+        return {"failed": True, "msg": f"the detached {name} did not start"}, False
+    return _read_result(state_dir, name, int(received.split()[0])), False
