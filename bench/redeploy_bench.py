@@ -75,13 +75,15 @@ class Bench:
 
     def measured(self, *args):
         pct0, ssh0, ses0 = self.counts()
+        cpu0 = cpu_seconds()
         res, wall = self.playbook(*args)
+        cpu = cpu_seconds() - cpu0
         pct1, ssh1, ses1 = self.counts()
         recap = [line for line in res.stdout.splitlines() if " : ok=" in line]
         tasks = sum(int(line.split("ok=")[1].split()[0]) + int(line.split("skipped=")[1].split()[0])
                     for line in recap)
         return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "sessions": ses1 - ses0, "tasks": tasks,
-                "wall": wall, "stdout": res.stdout}
+                "wall": wall, "cpu": cpu, "stdout": res.stdout}
 
     def hand_sequence(self, host, src_file):
         node, vmid = CTS[host]
@@ -116,13 +118,24 @@ class Bench:
                 "wall": wall}
 
 
+def cpu_seconds():
+    """CPU time of the whole machine so far (user, nice, system, irq, softirq; every process:
+    controller, sshd, pct, the modules in the CTs and the trainers)."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        fields = handle.readline().split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
+
+
 def trainer_time(stdout):
     """Seconds the trainer itself took, as the redeploy reports them: its checkpoint at the
     stop plus its start-up until its first progress line. Any health hold after that line
     (trainer_launch_health_seconds) is the redeploy's own time."""
-    stop = re.search(r"stopped by \w+ in ([0-9.]+)s", stdout)
-    start = re.search(r"first progress after ([0-9.]+)s", stdout)
-    return (float(stop.group(1)) if stop else 0.0) + (float(start.group(1)) if start else 0.0)
+    # the callback folds long lines: any run of white space may be a line break
+    stop = re.search(r"stopped\s+by\s+\w+\s+in\s+([0-9.]+)s", stdout)
+    start = re.search(r"first\s+progress\s+after\s+([0-9.]+)s", stdout)
+    if not (stop and start):
+        raise SystemExit(f"the redeploy did not report its stop and start-up times:\n{stdout[-2000:]}")
+    return float(stop.group(1)) + float(start.group(1))
 
 
 def main():
@@ -164,9 +177,9 @@ def run(bench, tmp):
     print(f"{'hand sequence':<24} {hand['pct']:>9} {hand['ssh']:>9} {hand['sessions']:>8} {hand['tasks']:>6} "
           f"{hand['wall']:>7.1f} {'':>9} {hand['wall']:>10.1f} {1:>7.2f}x")
 
-    print("\n3. scale: one batch (serial = N) over 2 nodes, a code change each time")
+    print(f"\n3. scale: one batch (serial = N) over 2 nodes, a code change each time ({os.cpu_count()} CPUs)")
     base = None
-    print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10}")
+    print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12}")
     for count, hosts in ((1, ["bct700"]), (2, ["bct700", "bct800"]),
                          (4, ["bct700", "bct701", "bct800", "bct801"]), (8, list(CTS))):
         with open(os.path.join(src, "train_dflash_pipeline.py"), "a", encoding="utf-8") as handle:
@@ -174,7 +187,8 @@ def run(bench, tmp):
         row = bench.measured("redeploy.yml", "-l", ",".join(hosts), "-e", f"dflash_serial={count}",
                              "-e", f"trainer_code_src={src}")
         base = base or row["wall"]
-        print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base:>10.2f}")
+        print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base:>10.2f} {row['cpu']:>15.1f} "
+              f"{row['cpu'] / count:>12.2f}")
 
     print("\n4. check mode against a real run (one CT, same code)")
     print(f"{'run':<12} {'wall s':>7} {'ratio':>6}")
