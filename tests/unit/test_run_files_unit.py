@@ -107,10 +107,9 @@ def test_detached_work_outlives_its_caller_and_a_later_call_adopts_it(tmp_path):
     os.kill(caller.pid, signal.SIGKILL)  # the dropped connection: our own child, by PID
     caller.wait()
     assert not os.path.exists(marker)
-    began = time.monotonic()
+    # the first worker's result, not a second run of the work
     result, adopted = detached.run(lambda: {"second": True}, state, "stop")
     assert adopted is True and result == {"finished": True}
     assert open(marker, encoding="utf-8").read() == "done"
-    assert time.monotonic() - began < 1.5  # woke when the worker ended, no second work
     with open(os.path.join(state, "stop.result.json"), encoding="utf-8") as handle:
         assert json.load(handle)["result"] == {"finished": True}
