@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import read_json, secure_dir, write_atomic
 
-ADOPT_POLL_SECONDS = 0.05
+ADOPT_WAIT_SLICE_SECONDS = 3600  # the wait has no bound; the stop's own ladder bounds it
 
 
 def _worker_file(state_dir, name):
@@ -33,45 +31,32 @@ def _result_file(state_dir, name):
     return os.path.join(state_dir, f"{name}.result.json")
 
 
-def running_worker(state_dir, name, proc_root="/proc"):
-    """(pid, starttime) of a worker of this name that is still running, else None."""
+def running_worker(state_dir, name):
+    """The worker of this name (a Process) while it still runs, else None."""
     try:
-        fd = os.open(_worker_file(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        entry = staged_stop.read_pidfile(_worker_file(state_dir, name))
+    except staged_stop.InvalidParameter:
         return None
-    with os.fdopen(fd) as handle:
-        fields = handle.read().split()
-    try:
-        identity = (int(fields[0]), int(fields[1]))
-    except (IndexError, ValueError):
+    if entry is None or entry[1] is None:
         return None
-    return identity if proctable.alive(identity, proc_root) else None
+    proc = proctable.read_process(entry[0])
+    return proc if proc is not None and proc.identity == entry[:2] and not proc.gone else None
 
 
-def _wait_gone(identity):
-    """Until the process (pid, starttime) is gone: a pidfd where the kernel has them."""
+def _wait_gone(proc):
+    """Until the process is gone, asleep in poll() on its pidfd where the kernel has them."""
+    watcher = staged_stop.Targets()
+    watcher.add(proc, "detached worker")
     try:
-        fd = os.pidfd_open(identity[0])
-    except (AttributeError, OSError):
-        fd = None
-    if fd is not None:
-        try:
-            if proctable.alive(identity):  # the pid was not reused before the pidfd was taken
-                poller = select.poll()
-                poller.register(fd, select.POLLIN)
-                poller.poll()
-        finally:
-            os.close(fd)
-        return
-    while proctable.alive(identity):
-        time.sleep(ADOPT_POLL_SECONDS)
+        while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS):
+            pass
+    finally:
+        watcher.close()
 
 
 def _read_result(state_dir, name, worker_pid):
     try:
-        fd = os.open(_result_file(state_dir, name), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd) as handle:
-            record = json.load(handle)
+        record = read_json(_result_file(state_dir, name)) or {}
     except (OSError, ValueError):
         record = {}
     if record.get("worker") != worker_pid:
@@ -112,7 +97,7 @@ def run(work, state_dir, name):
     earlier = running_worker(state_dir, name)
     if earlier is not None:
         _wait_gone(earlier)
-        return _read_result(state_dir, name, earlier[0]), True
+        return _read_result(state_dir, name, earlier.pid), True
     pipe_r, pipe_w = os.pipe()
     child = os.fork()
     if child == 0:

@@ -11,6 +11,7 @@ script execs it), written without following symlinks.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -146,6 +147,16 @@ def write_atomic(path, text, mode=0o600):
         os.fchmod(handle.fileno(), mode)  # whatever the umask
     os.rename(tmp, path)
     return True
+
+
+def read_json(path):
+    """The JSON in path, None when it is missing; a symlink is refused (ELOOP), not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as handle:
+        return json.load(handle)
 
 
 def write_pidfile(path, pid, starttime):

@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import read_json, secure_dir, write_atomic
 
 
 class LockHeld(Exception):
@@ -27,14 +27,9 @@ class LockHeld(Exception):
 
 def _read(path):
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd) as handle:
-        try:
-            return json.load(handle)
-        except ValueError:
-            return {"holder": "unreadable lock file", "expires": 0}
+        return read_json(path)
+    except ValueError:
+        return {"holder": "unreadable lock file", "expires": 0}
 
 
 def _guarded(path, action):

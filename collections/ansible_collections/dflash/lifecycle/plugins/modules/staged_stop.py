@@ -329,8 +329,8 @@ def main():
             return dict(err.result, failed=True)
 
     try:
-        staged_stop.validate_ladder(params["ladder"])
         if params["detach"] and not module.check_mode:
+            staged_stop.validate_ladder(params["ladder"])  # a bad ladder fails before the fork
             # the detached process is no descendant of ours: keep our ancestors out of reach
             params["exclude_pids"] = proctable.ancestors(proctable.snapshot(), os.getpid())
             result, adopted = detached.run(stop, params["detach_dir"], "stop")
