@@ -11,18 +11,18 @@ import time
 import pytest
 
 from conftest import REPO
-from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch
+from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch, rundir
 
 COLLECTIONS = os.path.join(REPO, "collections")
 
 
 def test_write_atomic_sets_the_mode_and_reports_change(tmp_path):
     path = str(tmp_path / "trainer.sh")
-    assert launch.write_atomic(path, "echo 1\n", 0o700) is True
+    assert rundir.write_atomic(path, "echo 1\n", 0o700) is True
     assert oct(os.stat(path).st_mode & 0o777) == "0o700"
-    assert launch.write_atomic(path, "echo 1\n", 0o700) is False  # same content and mode
-    assert launch.write_atomic(path, "echo 1\n", 0o600) is True  # mode differs
-    assert launch.write_atomic(path, "echo 2\n", 0o600) is True
+    assert rundir.write_atomic(path, "echo 1\n", 0o700) is False  # same content and mode
+    assert rundir.write_atomic(path, "echo 1\n", 0o600) is True  # mode differs
+    assert rundir.write_atomic(path, "echo 2\n", 0o600) is True
     assert open(path, encoding="utf-8").read() == "echo 2\n"
     assert [p.name for p in tmp_path.iterdir()] == ["trainer.sh"]  # no temporary left
 
@@ -32,7 +32,7 @@ def test_write_atomic_replaces_a_planted_symlink_without_following_it(tmp_path):
     victim.write_text("untouched\n")
     planted = tmp_path / "secrets.env"
     planted.symlink_to(victim)
-    assert launch.write_atomic(str(planted), "TOKEN=x\n", 0o600) is True
+    assert rundir.write_atomic(str(planted), "TOKEN=x\n", 0o600) is True
     assert victim.read_text() == "untouched\n"
     assert not planted.is_symlink() and planted.read_text() == "TOKEN=x\n"
 
@@ -44,7 +44,7 @@ def test_prepare_run_refuses_a_symlinked_run_dir_and_writes_nothing(tmp_path, ch
     os.chmod(evil, 0o1777)
     run_dir = tmp_path / "run"
     run_dir.symlink_to(evil)
-    with pytest.raises(launch.LaunchError, match="not a symlink"):
+    with pytest.raises(rundir.UnsafePath, match="not a symlink"):
         launch.prepare_run({"run_dir": str(run_dir), "wrapper_script": "x", "secrets_env": "y"},
                            check_mode=check_mode)
     assert list(evil.iterdir()) == []
@@ -54,7 +54,7 @@ def test_prepare_run_refuses_a_group_writable_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.chmod(run_dir, 0o770)
-    with pytest.raises(launch.LaunchError, match="not writable by group or others"):
+    with pytest.raises(rundir.UnsafePath, match="not writable by group or others"):
         launch.prepare_run({"run_dir": str(run_dir), "wrapper_script": "x"})
     assert list(run_dir.iterdir()) == []
 

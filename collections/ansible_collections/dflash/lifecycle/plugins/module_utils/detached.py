@@ -18,7 +18,7 @@ import json
 import os
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
 
 ADOPT_WAIT_SLICE_SECONDS = 3600  # the wait has no bound; the stop's own ladder bounds it
 

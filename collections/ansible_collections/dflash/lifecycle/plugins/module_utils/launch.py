@@ -11,15 +11,14 @@ script execs it), written without following symlinks.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import stat
 import subprocess
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import check_secure_dir, secure_dir, write_atomic
 
 TAIL_LINES = 20
 HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
@@ -106,58 +105,7 @@ def gpu_holders(device_paths, proc_root="/proc"):
     return busy
 
 
-# -- files -----------------------------------------------------------------------------------
-
-def check_secure_dir(path):
-    """path must be a real directory owned by us, not writable by group or others."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise LaunchError(f"{path} must be a real directory owned by uid {os.geteuid()}, not a "
-                          f"symlink (to {os.readlink(path)})")
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise LaunchError(f"{path} must be a directory owned by uid {os.geteuid()} and not "
-                          f"writable by group or others (found mode {stat.S_IMODE(st.st_mode):o}, "
-                          f"uid {st.st_uid})")
-
-
-def secure_dir(path):
-    """A root-owned, non-group/world-writable real directory (created 0700 when missing)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    check_secure_dir(path)
-
-
-def write_atomic(path, text, mode=0o600):
-    """Replace path with text: a new file opened O_EXCL|O_NOFOLLOW (a planted symlink is
-    refused, not followed), then renamed over path. Returns whether the content changed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as handle:
-            unchanged = handle.read() == text.encode() and stat.S_IMODE(os.fstat(fd).st_mode) == mode
-    except OSError:  # missing, or a symlink (ELOOP): replaced below
-        unchanged = False
-    if unchanged:
-        return False
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-        os.fchmod(handle.fileno(), mode)  # whatever the umask
-    os.rename(tmp, path)
-    return True
-
-
-def read_json(path):
-    """The JSON in path, None when it is missing; a symlink is refused (ELOOP), not followed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd) as handle:
-        return json.load(handle)
-
+# -- run files ---------------------------------------------------------------------------------
 
 def write_pidfile(path, pid, starttime):
     """'PID STARTTIME' in a root-only directory."""

@@ -3,7 +3,7 @@
 """Per-CT redeploy lock: a lease in a root-only directory (Python 3.8 compatible).
 
 The holder (user or AWX job) is recorded with the time it took the lock and when its
-lease ends; each phase of a redeploy renews the lease. A lock whose lease has ended
+lease ends; each phase of a redeploy renews the lease (module_utils/leased.py). A lock whose lease has ended
 belongs to a redeploy that is gone (killed, lost its connection) and is taken over.
 Every change happens under flock on a guard file and lands by atomic rename of a file
 opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
 
 
 class LockHeld(Exception):
@@ -66,6 +66,15 @@ def acquire(path, holder, ttl, now=None):
         return current is None or taken_over is not None, lock, taken_over
 
     return _guarded(path, action)
+
+
+def take(path, holder, ttl):
+    """acquire() as a result: the lock in place, whom it was taken over from, changed, msg."""
+    changed, held, taken_over = acquire(path, holder, ttl)
+    msg = f"locked for {holder}"
+    if taken_over:
+        msg += f"; took over the expired lock of {describe(taken_over)}"
+    return dict(held, changed=changed, taken_over_from=taken_over, msg=msg)
 
 
 def release(path, holder):

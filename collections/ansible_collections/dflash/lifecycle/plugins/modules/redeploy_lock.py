@@ -65,7 +65,7 @@ taken_over_from:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, lock
+from ansible_collections.dflash.lifecycle.plugins.module_utils import lock, rundir
 
 
 def main():
@@ -82,15 +82,13 @@ def main():
     try:
         if params["state"] == "released":
             module.exit_json(changed=lock.release(params["path"], params["holder"]))
-        changed, held, taken_over = lock.acquire(params["path"], params["holder"], params["ttl"])
+        taken = lock.take(params["path"], params["holder"], params["ttl"])
     except lock.LockHeld as err:
         module.fail_json(msg=str(err), holder=err.holder)
-    except launch.LaunchError as err:
+    except rundir.UnsafePath as err:
         module.fail_json(msg=str(err))
-    msg = f"locked for {params['holder']}"
-    if taken_over:
-        msg += f"; took over the expired lock of {lock.describe(taken_over)}"
-    module.exit_json(changed=changed, lock=held, taken_over_from=taken_over, msg=msg)
+    module.exit_json(changed=taken.pop("changed"), msg=taken.pop("msg"),
+                     taken_over_from=taken.pop("taken_over_from"), lock=taken)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ options:
         C(stop.worker) and C(stop.result.json).
     type: path
     default: /run/dflash
+extends_documentation_fragment:
+  - dflash.lifecycle.redeploy_lease
 attributes:
   check_mode:
     support: full
@@ -194,6 +196,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock:
+  description: >-
+    The redeploy lock this task ran under (holder, since and expires as epoch seconds,
+    taken_over_from, msg, released), also when it failed after taking it.
+  returned: when O(lock_holder) is set
+  type: dict
 adopted:
   description: With O(detach), whether this call found an earlier detached stop running and waited for it.
   returned: when O(detach) is true and not in check mode
@@ -283,13 +291,11 @@ ladder:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch, proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, leased, proctable, rundir, staged_stop
 
 
 def main():
-    module = AnsibleModule(
+    module = leased.LeasedModule(
         argument_spec={
             "pidfile": {"type": "path"},
             "pattern": {"type": "str"},
@@ -339,7 +345,7 @@ def main():
             result = stop()
     except staged_stop.InvalidParameter as err:
         module.fail_json(msg=str(err))
-    except (launch.LaunchError, OSError) as err:
+    except (rundir.UnsafePath, OSError) as err:
         module.fail_json(msg=f"detach_dir: {err}")
     if result.pop("failed", False):
         module.fail_json(**result)

@@ -44,6 +44,8 @@ options:
     description: The nvidia-smi command.
     type: str
     default: nvidia-smi
+extends_documentation_fragment:
+  - dflash.lifecycle.redeploy_lease
 attributes:
   check_mode:
     support: full
@@ -64,6 +66,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock:
+  description: >-
+    The redeploy lock this task ran under (holder, since and expires as epoch seconds,
+    taken_over_from, msg, released), also when it failed after taking it.
+  returned: when O(lock_holder) is set
+  type: dict
 checks:
   description: Each check with C(ok), C(found) and a C(hint).
   returned: always
@@ -79,13 +87,11 @@ checkpoint_present:
   type: bool
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased
 
 
 def main():
-    module = AnsibleModule(
+    module = leased.LeasedModule(
         argument_spec={
             "target_model": {"type": "path", "required": True},
             "data_dir": {"type": "path", "required": True},

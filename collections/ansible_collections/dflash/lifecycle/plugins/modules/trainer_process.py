@@ -24,6 +24,9 @@ description:
     is refused and nothing is written); O(wrapper_script) and O(secrets_env) are written there as
     C(trainer.sh) (C(0700)) and C(secrets.env) (C(0600)) through files opened with O_NOFOLLOW and
     renamed into place; O(create_dirs) are created C(0755).
+  - With O(activate), once the refusal checks passed it points the release directory's
+    C(current) at the given release, in the same call (see M(dflash.lifecycle.trainer_release)
+    V(activate)); C(redeploy.yml) activates the pushed release this way, saving a round trip.
   - Healthy means a log line matching O(health_regex) (the trainer ran that far) while alive,
     and alive for at least O(health_seconds) since the start. A trainer that dies fails the task
     with the tail of its log.
@@ -71,6 +74,26 @@ options:
     type: list
     elements: path
     default: []
+  activate:
+    description:
+      - Point C(current) at a release just before the start, after the refusal checks. Check mode
+        only reports whether C(current) would move. A failed start leaves it switched; the result's
+        RV(activated) says whether it moved, so the caller can switch back.
+    type: dict
+    suboptions:
+      base:
+        description: Release directory in the CT.
+        type: path
+        required: true
+      release:
+        description: Id of an installed release.
+        type: str
+        required: true
+      legacy_links:
+        description: Paths to turn into symlinks to a file of the current release (C(path), C(target)).
+        type: list
+        elements: dict
+        default: []
   log_file:
     description: Log of the run.
     type: path
@@ -93,6 +116,8 @@ options:
     description: Seconds to wait for health.
     type: float
     default: 300
+extends_documentation_fragment:
+  - dflash.lifecycle.redeploy_lease
 attributes:
   check_mode:
     support: full
@@ -123,9 +148,28 @@ EXAMPLES = r"""
     command: [/bin/sh, /run/dflash/trainer.sh]
     pidfile: /run/dflash/trainer.pid
     log_file: /workspace/logs/train.log
+- name: Point current at the pushed release and start it, in one round trip
+  dflash.lifecycle.trainer_process:
+    activate:
+      base: /opt/dflash
+      release: 3f2a9c0d1e2b4a5f
+    command: [/bin/sh, /run/dflash/trainer.sh]
+    pidfile: /run/dflash/trainer.pid
+    log_file: /workspace/logs/train.log
 """
 
 RETURN = r"""
+activated:
+  description: Whether O(activate) moved C(current) (C(changed)), and C(current) and C(previous) after it.
+  returned: when O(activate) is set and the refusal checks passed
+  type: dict
+  sample: {changed: true, current: 3f2a9c0d1e2b4a5f, previous: 0388a82fa6a8d99c}
+lock:
+  description: >-
+    The redeploy lock this task ran under (holder, since and expires as epoch seconds,
+    taken_over_from, msg, released), also when it failed after taking it.
+  returned: when O(lock_holder) is set
+  type: dict
 pid:
   description: PID of the trainer (the Python process).
   returned: success
@@ -158,13 +202,11 @@ log_tail:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, releases, rundir
 
 
 def main():
-    module = AnsibleModule(
+    module = leased.LeasedModule(
         argument_spec={
             "command": {"type": "list", "elements": "str", "required": True},
             "cwd": {"type": "path", "default": "/"},
@@ -181,13 +223,18 @@ def main():
             "health_seconds": {"type": "float", "default": 0},
             "health_regex": {"type": "str", "default": "tok/s"},
             "health_timeout": {"type": "float", "default": 300},
+            "activate": {"type": "dict", "options": {
+                "base": {"type": "path", "required": True},
+                "release": {"type": "str", "required": True},
+                "legacy_links": {"type": "list", "elements": "dict", "default": []},
+            }},
         },
         supports_check_mode=True,
     )
     params = module.params
     try:
         written = launch.prepare_run(params, check_mode=module.check_mode)
-    except (launch.LaunchError, OSError) as err:
+    except (rundir.UnsafePath, OSError) as err:
         module.fail_json(msg=f"run directory: {err}")
     running = launch.running_trainer(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
     if running is not None:
@@ -199,14 +246,23 @@ def main():
         module.fail_json(msg="GPUs in use: " + "; ".join(
             f"{dev} held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:80]})" for h in holders)
             for dev, holders in sorted(busy.items())), busy=busy, written=written)
+    done = {"written": written}
+    wanted = params["activate"]
+    if wanted:
+        try:
+            done["activated"] = releases.switch(wanted["base"], wanted["release"],
+                                                wanted["legacy_links"], module.check_mode)
+        except (releases.ReleaseError, OSError) as err:
+            module.fail_json(msg=f"activate: {err}", **done)
     if module.check_mode:
-        module.exit_json(changed=True, written=written,
-                         msg=f"would start {' '.join(params['command'])}")
+        module.exit_json(changed=True, msg=f"would start {' '.join(params['command'])}", **done)
     try:
         result = launch.start(params)
     except launch.LaunchError as err:
-        module.fail_json(msg=str(err), written=written, **err.details)
-    module.exit_json(changed=True, written=written, msg=f"trainer PID {result['pid']} healthy", **result)
+        module.fail_json(msg=str(err), **done, **err.details)
+    except rundir.UnsafePath as err:
+        module.fail_json(msg=f"pidfile: {err}", **done)
+    module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 
 if __name__ == "__main__":

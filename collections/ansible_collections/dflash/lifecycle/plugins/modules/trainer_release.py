@@ -54,6 +54,8 @@ options:
     type: list
     elements: dict
     default: []
+extends_documentation_fragment:
+  - dflash.lifecycle.redeploy_lease
 attributes:
   check_mode:
     support: full
@@ -75,6 +77,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+lock:
+  description: >-
+    The redeploy lock this task ran under (holder, since and expires as epoch seconds,
+    taken_over_from, msg, released), also when it failed after taking it.
+  returned: when O(lock_holder) is set
+  type: dict
 current:
   description: Release C(current) points to after the task.
   returned: always
@@ -108,13 +116,11 @@ pruned:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, releases
 
 
 def main():
-    module = AnsibleModule(
+    module = leased.LeasedModule(
         argument_spec={
             "base": {"type": "path", "required": True},
             "state": {"type": "str", "default": "status",
@@ -143,11 +149,8 @@ def main():
                     params["files"], params["keep"])
                 result.update(details)
         elif state == "activate":
-            links = [(link["path"], link["target"]) for link in params["legacy_links"]]
-            if module.check_mode:
-                result["changed"] = before["current"] != params["release"]
-            else:
-                result["changed"] = releases.activate(base, params["release"], links)
+            result["changed"] = releases.switch(base, params["release"], params["legacy_links"],
+                                                module.check_mode)["changed"]
         elif state == "rollback":
             result["changed"] = True
             if not before["previous"]:

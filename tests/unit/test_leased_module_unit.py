@@ -1,0 +1,75 @@
+"""The redeploy lease carried by the CT-side modules (module_utils/leased.py), without Ansible's
+executor: each call builds a LeasedModule from patched module arguments, as AnsiballZ would."""
+
+import json
+import os
+from unittest import mock
+
+import pytest
+from ansible.module_utils import _internal
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
+
+
+def call(capsys, args):
+    """One module run: take the lease, then exit (or fail, when asked to); its JSON result."""
+    # as in the CT: warnings go into the result (other tests here import controller code)
+    with patch_module_args(args), mock.patch.object(_internal, "is_controller", False), \
+            pytest.raises(SystemExit) as ended:
+        module = leased.LeasedModule(argument_spec={"fail": {"type": "bool", "default": False}},
+                                     supports_check_mode=True)
+        if module.params["fail"]:
+            module.fail_json(msg="the module's own failure")
+        module.exit_json(changed=False, msg="done")
+    result = json.loads(capsys.readouterr().out)
+    assert ended.value.code == (1 if result.get("failed") else 0)
+    return result
+
+
+@pytest.fixture
+def lock_path(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    return str(run_dir / "redeploy.lock")
+
+
+def test_without_a_holder_the_lock_is_not_touched(capsys, lock_path):
+    result = call(capsys, {"lock_path": lock_path})
+    assert "lock" not in result and result["msg"] == "done"
+    assert not os.path.exists(lock_path)
+
+
+def test_the_first_call_takes_the_lock_a_later_one_renews_it_the_last_gives_it_back(capsys, lock_path):
+    first = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_ttl": 60})
+    assert first["lock"]["holder"] == "alice run 1" and first["lock"]["released"] is False
+    assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "alice run 1"
+    renewed = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_ttl": 600})
+    assert renewed["lock"]["since"] == first["lock"]["since"]
+    assert renewed["lock"]["expires"] > first["lock"]["expires"]
+    last = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_release": True})
+    assert last["lock"]["released"] is True and not os.path.exists(lock_path)
+
+
+def test_another_holder_fails_at_once_and_leaves_the_lock_alone(capsys, lock_path):
+    call(capsys, {"lock_path": lock_path, "lock_holder": "awx job 42 (admin)"})
+    other = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_release": True})
+    assert other["failed"] and other["msg"].startswith("CT is being redeployed by awx job 42 (admin) since ")
+    assert "lock" not in other  # it never held it, so an unlock after it must not run
+    assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "awx job 42 (admin)"
+
+
+def test_a_failure_after_the_lock_was_taken_reports_it_and_keeps_it(capsys, lock_path):
+    failed = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_release": True,
+                           "fail": True})
+    assert failed["failed"] and failed["msg"] == "the module's own failure"
+    assert failed["lock"]["holder"] == "alice run 1" and failed["lock"]["released"] is False
+    assert os.path.exists(lock_path)  # given back by the redeploy's unlock task, not here
+
+
+def test_an_expired_lock_is_taken_over_with_a_warning(capsys, lock_path):
+    with open(lock_path, "w", encoding="utf-8") as handle:
+        json.dump({"holder": "awx job 7 (bob)", "since": 1, "expires": 2}, handle)
+    result = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1"})
+    assert result["lock"]["taken_over_from"]["holder"] == "awx job 7 (bob)"
+    assert "took over the expired lock of awx job 7 (bob)" in json.dumps(result["warnings"])
