@@ -179,6 +179,18 @@ def status(base, release=None):
     }
 
 
+def compared(base, release, files):
+    """status() with the changes from the current release to release's manifest (files), and a
+    diff of the two file lists when release is not installed yet."""
+    state = status(base, release)
+    state["changes"] = changes(state["current_manifest"], files)
+    if not state["present"]:
+        state["diff"] = {"before": "".join(f + "\n" for f in state["current_files"]),
+                         "after": "".join(f + "\n" for f in sorted(files)),
+                         "before_header": f"{base}/current", "after_header": release}
+    return state
+
+
 def changes(old, new):
     """Files added, removed and modified between two manifests."""
     return {

@@ -44,6 +44,26 @@ options:
     description: The nvidia-smi command.
     type: str
     default: nvidia-smi
+  release:
+    description:
+      - Also read the releases installed under O(release.base) and compare the current one with
+        this release's manifest, as M(dflash.lifecycle.trainer_release) V(status) does, in the same
+        round trip. C(redeploy.yml) sets it through C(module_defaults), and hands RV(release_status)
+        to the trainer_code role, which then reads nothing itself.
+    type: dict
+    suboptions:
+      base:
+        description: Release directory in the CT.
+        type: path
+        required: true
+      release:
+        description: Id of the release about to be pushed.
+        type: str
+        required: true
+      files:
+        description: Its manifest (path to mode and sha256), as M(dflash.lifecycle.release_manifest) returns it.
+        type: dict
+        required: true
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
 attributes:
@@ -51,7 +71,8 @@ attributes:
     support: full
     details: Only reads.
   diff_mode:
-    support: none
+    support: partial
+    details: With O(release), the file list of the current release against the new one when that one is not installed yet.
   platform:
     platforms: posix
 """
@@ -85,9 +106,16 @@ checkpoint_present:
   description: Whether a complete checkpoint exists in O(output_dir).
   returned: always
   type: bool
+release_status:
+  description: >-
+    What M(dflash.lifecycle.trainer_release) V(status) returns for O(release) - C(present),
+    C(current), C(previous), C(releases), C(current_files), C(current_manifest) and C(changes)
+    (C(added), C(removed), C(modified)).
+  returned: when O(release) is set
+  type: dict
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, releases
 
 
 def main():
@@ -100,10 +128,21 @@ def main():
             "min_free_gb": {"type": "float", "default": 10},
             "checkpoint_pattern": {"type": "str", "default": "step_*"},
             "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "release": {"type": "dict", "options": {
+                "base": {"type": "path", "required": True},
+                "release": {"type": "str", "required": True},
+                "files": {"type": "dict", "required": True},
+            }},
         },
         supports_check_mode=True,
     )
     result = launch.preflight(module.params)
+    wanted = module.params["release"]
+    if wanted:
+        result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])
+        diff = result["release_status"].pop("diff", None)
+        if diff and module._diff:
+            result["diff"] = diff
     failed = result.pop("failed_checks")
     if failed:
         module.fail_json(msg="preflight failed: " + "; ".join(

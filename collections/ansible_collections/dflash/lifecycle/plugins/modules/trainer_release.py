@@ -159,13 +159,10 @@ def main():
                 releases.rollback(base)
     except releases.ReleaseError as err:
         module.fail_json(msg=str(err), **before)
-    after = releases.status(base, params["release"])
     if state == "status" and params["files"] is not None:
-        result["changes"] = releases.changes(after["current_manifest"], params["files"])
-        if not after["present"]:
-            result["diff"] = {"before": "".join(f + "\n" for f in after["current_files"]),
-                              "after": "".join(f + "\n" for f in sorted(params["files"])),
-                              "before_header": f"{base}/current", "after_header": params["release"]}
+        after = releases.compared(base, params["release"], params["files"])
+    else:
+        after = releases.status(base, params["release"])
     if state != "status":
         del after["current_manifest"]  # only status needs it (for diffs); keep results small
     module.exit_json(**result, **after)
