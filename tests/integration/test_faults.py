@@ -133,6 +133,8 @@ def test_unreachable_node_fails_its_cts_only(testbed, tmp_path):
     ({"dflash_target_gpus": [0, 0]}, "dflash_target_gpus: GPU 0 is listed twice"),
     ({"dflash_data_dir": "relative/data"}, "dflash_data_dir: must be an absolute path"),
     ({"dflash_lr": "fast"}, "dflash_lr: expected a number"),
+    # a role variable of the last phase is checked before the first one touches anything
+    ({"trainer_launch_health_timeout": "soon"}, "argument 'trainer_launch_health_timeout' is of type str"),
 ])
 def test_bad_inputs_fail_clearly_and_touch_nothing(testbed, extra, message):
     pushes = sum(c["argv"][0] == "push" for c in testbed.pct_invocations("pve2"))

@@ -49,7 +49,10 @@ def test_hostile_values_in_paths_args_env_and_file_names(testbed, tmp_path):
         no_pwned_anywhere(testbed)
     finally:
         # the literal directory (its name has a "/tmp/pwned2" inside): later searches for
-        # pwned* files must not find it
+        # pwned* files must not find it. The trainer this test launched writes its checkpoints
+        # there, so it goes first (by the PID in its pidfile), or it would make the directory again.
+        in_ct(testbed, "pid=$(cut -d' ' -f1 /run/dflash/trainer.pid) && kill -KILL $pid && "
+                       "while kill -0 $pid 2>/dev/null; do sleep 0.05; done", check=False)
         in_ct(testbed, f"rm -rf {shlex.quote(hostile_dir.split('/tmp/')[0])}", check=False)
 
 
