@@ -3,8 +3,9 @@
 """Per-CT redeploy lock: a lease in a root-only directory (Python 3.8 compatible).
 
 The holder (user or AWX job) is recorded with the time it took the lock and when its
-lease ends; each phase of a redeploy renews the lease (module_utils/leased.py). A lock whose lease has ended
-belongs to a redeploy that is gone (killed, lost its connection) and is taken over.
+lease ends; each phase of a redeploy renews the lease (module_utils/leased.py). A lock
+whose lease has ended belongs to a redeploy that is gone (killed, lost its connection) and
+is taken over.
 Every change happens under flock on a guard file and lands by atomic rename of a file
 opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
 """

@@ -300,10 +300,9 @@ def switch(base, release, legacy_links=(), check_mode=False):
     """activate() for a module's options (legacy_links as [{path, target}]): changed and the
     current and previous releases after it. Check mode only says whether current would move."""
     if check_mode:
-        before = link_target(os.path.join(base, "current"))
-        return {"changed": before != release, "current": before,
-                "previous": link_target(os.path.join(base, "previous"))}
-    changed = activate(base, release, [(link["path"], link["target"]) for link in legacy_links])
+        changed = link_target(os.path.join(base, "current")) != release
+    else:
+        changed = activate(base, release, [(link["path"], link["target"]) for link in legacy_links])
     return {"changed": changed, "current": link_target(os.path.join(base, "current")),
             "previous": link_target(os.path.join(base, "previous"))}
 
