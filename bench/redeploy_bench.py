@@ -13,12 +13,22 @@ Brings up a bench testbed (2 nodes x 4 CTs on 127.77.3.x, state in
 3. Scale: wall time of one redeploy batch over 1, 2, 4 and 8 CTs (2 nodes), ratio to 1 CT,
    with the machine's CPU seconds and the floor they set on a machine of this many CPUs.
 4. Check mode: wall time of `--check` against the real no-change run.
-Every figure is the median of BENCH_REPEAT (default 3) runs. (Table 2, stop detection latency,
+Every figure is the median of BENCH_REPEAT (default 5) runs. (Table 2, stop detection latency,
 is bench/stop_latency.py.)
+
+The trainer prints its progress line every profile_interval steps, counted from step 0, so how
+long a relaunched trainer takes to its first progress line depends on the step it was stopped
+at: anywhere from one step to a whole period. Runs repeated back to back would stop it at much
+the same point of its period each time (and a faster redeploy would move that point). So every
+measured run starts after a pause drawn at random (seeded) within one period: one CT waits
+for one random draw, a batch of eight for the slowest of eight, as in real use. The scale table
+also shows the slowest CT's own time and the ratio of the rest.
 The bench testbed is taken down at the end. Usage: .venv/bin/python bench/redeploy_bench.py
 """
 
+import importlib.util
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -32,9 +42,20 @@ from conftest import BIN, TRAINER, LiveTestbed, testbed_mod, tool_env  # noqa: E
 
 STATE = "/var/lib/dflash-testbed/bench"
 NODES = {"bn1": "127.77.3.1", "bn2": "127.77.3.2"}
-REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))  # runs per figure; the median is printed
+REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))  # runs per figure; the median is printed
 CTS = {f"bct{vmid}": (node, vmid) for node, base in (("bn1", 700), ("bn2", 800))
        for vmid in (base, base + 1, base + 2, base + 3)}
+
+
+def progress_period(inventory):
+    """Seconds between two progress lines of the example trainer with the inventory's settings."""
+    spec = importlib.util.spec_from_file_location("example_trainer", TRAINER)
+    trainer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trainer)
+    run_vars = os.path.join(inventory, "group_vars", "dflash_trainers", "run.yml")
+    with open(run_vars, encoding="utf-8") as handle:
+        interval = int(re.search(r"^dflash_profile_interval:\s*(\d+)", handle.read(), re.M).group(1))
+    return interval * trainer.DEFAULT_STEP_SECONDS
 
 
 def make_inventory(root):
@@ -56,6 +77,8 @@ class Bench:
         self.inventory = inventory
         self.bed = testbed_mod.Testbed(inventory)
         self.live = LiveTestbed(self.bed)
+        self.period = progress_period(inventory)
+        self.phase = random.Random(7)  # the pauses before the runs, the same in every bench
 
     def counts(self):
         """pct calls, SSH connections (TCP + handshake) and SSH sessions (round trips)."""
@@ -77,6 +100,7 @@ class Bench:
         return res, time.monotonic() - began
 
     def measured(self, *args):
+        time.sleep(self.phase.uniform(0, self.period))  # see the module docstring
         pct0, ssh0, ses0 = self.counts()
         cpu0 = cpu_seconds()
         res, wall = self.playbook(*args)
@@ -129,16 +153,23 @@ def cpu_seconds():
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
 
 
-def trainer_time(stdout):
-    """Seconds the trainer itself took, as the redeploy reports them: its checkpoint at the
-    stop plus its start-up until its first progress line. Any health hold after that line
+def trainer_times(stdout):
+    """{CT: seconds the trainer itself took}, as the redeploy reports them: its checkpoint at
+    the stop plus its start-up until its first progress line. Any health hold after that line
     (trainer_launch_health_seconds) is the redeploy's own time."""
     # the callback folds long lines: any run of white space may be a line break
-    stop = re.search(r"stopped\s+by\s+\w+\s+in\s+([0-9.]+)s", stdout)
-    start = re.search(r"first\s+progress\s+after\s+([0-9.]+)s", stdout)
-    if not (stop and start):
+    times = {host: float(stop) + float(start) for host, stop, start in re.findall(
+        r"(\w+): release (?:(?!\w+: release ).)*?stopped\s+by\s+\w+\s+in\s+([0-9.]+)s"
+        r"(?:(?!\w+: release ).)*?first\s+progress\s+after\s+([0-9.]+)s",
+        stdout, re.S)}
+    if not times:
         raise SystemExit(f"the redeploy did not report its stop and start-up times:\n{stdout[-2000:]}")
-    return float(stop.group(1)) + float(start.group(1))
+    return times
+
+
+def trainer_time(stdout):
+    """The slowest CT's own time: the one a batch waits for."""
+    return max(trainer_times(stdout).values())
 
 
 def main():
@@ -199,10 +230,12 @@ def run(bench, tmp):
 
     cpus = os.cpu_count()
     print(f"\n3. scale: one batch (serial = N) over 2 nodes, a code change each time, the median of "
-          f"{REPEAT} runs ({cpus} CPUs). CPU floor: the machine's CPU seconds of the run divided by")
-    print("   its CPUs, as a ratio to the 1-CT wall time: the least ratio this machine allows")
-    print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} "
-          f"{'CPU floor':>9}")
+          f"{REPEAT} runs ({cpus} CPUs).")
+    print("   slowest trainer: the slowest CT's own time (checkpoint + start-up to its first progress")
+    print("   line), which the batch waits for; the rest is the redeploy's. CPU floor: the machine's CPU")
+    print("   seconds of the run divided by its CPUs, as a ratio to the 1-CT wall time")
+    print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10} {'slowest trainer s':>17} {'rest s':>6} "
+          f"{'rest ratio':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} {'CPU floor':>9}")
     base = None
     for count, hosts in ((1, ["bct700"]), (2, ["bct700", "bct800"]),
                          (4, ["bct700", "bct701", "bct800", "bct801"]), (8, list(CTS))):
@@ -212,9 +245,10 @@ def run(bench, tmp):
             rows.append(bench.measured("redeploy.yml", "-l", ",".join(hosts), "-e", f"dflash_serial={count}",
                                        "-e", f"trainer_code_src={src}"))
         row = median(rows, key=lambda r: r["wall"])
-        base = base or row["wall"]
-        print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base:>10.2f} {row['cpu']:>15.1f} "
-              f"{row['cpu'] / count:>12.2f} {row['cpu'] / cpus / base:>9.2f}")
+        base = base or row
+        print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base['wall']:>10.2f} "
+              f"{trainer_time(row['stdout']):>17.1f} {overhead(row):>6.1f} {overhead(row) / overhead(base):>10.2f} "
+              f"{row['cpu']:>15.1f} {row['cpu'] / count:>12.2f} {row['cpu'] / cpus / base['wall']:>9.2f}")
 
     checks, reals = [], []
     for _attempt in range(REPEAT):

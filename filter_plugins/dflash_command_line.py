@@ -91,12 +91,27 @@ def _gpus(name, value):
 
 def dflash_argv(settings, visible_gpus=None, python="python3", script=None):
     """argv of the trainer: [python, -u, script, --flag, value, ...]."""
+    flags, _values = _validated(settings, visible_gpus)
+    return ([python, "-u", script] if script else []) + flags
+
+
+def dflash_gpus_needed(settings):
+    """GPUs the run needs (its highest GPU id + 1), from settings that pass every rule of
+    dflash_argv: a value that would make a bad command line fails here, before the preflight
+    call that takes this number is made."""
+    _flags, values = _validated(settings, None)
+    return max(values["target_gpus"] + values["drafter_gpus"]) + 1
+
+
+def _validated(settings, visible_gpus):
+    """(the --flag value list, the checked numbers and GPU ids by name); fails naming the
+    first bad dflash_* key."""
     if not isinstance(settings, dict):
         raise AnsibleFilterError(f"dflash_argv expects a dict of settings, got {type(settings).__name__}")
     # group_vars spell the keys dflash_<name>; both spellings are accepted
     settings = {(k[len("dflash_"):] if k.startswith("dflash_") else k): v
                 for k, v in settings.items()}
-    argv = [python, "-u", script] if script else []
+    argv = []
     values = {}
     for name, kind, rule in FLAGS:
         value = settings.get(name)
@@ -140,7 +155,7 @@ def dflash_argv(settings, visible_gpus=None, python="python3", script=None):
         _fail("resume", f"must be true or false, got {resume!r}")
     if resume:
         argv.append("--resume")
-    return argv
+    return argv, values
 
 
 def _cross_checks(values, visible_gpus):
@@ -178,4 +193,5 @@ class FilterModule:
     """DFlash command-line filters."""
 
     def filters(self):
-        return {"dflash_argv": dflash_argv, "dflash_env_pairs": dflash_env_pairs}
+        return {"dflash_argv": dflash_argv, "dflash_gpus_needed": dflash_gpus_needed,
+                "dflash_env_pairs": dflash_env_pairs}

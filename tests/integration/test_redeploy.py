@@ -3,6 +3,7 @@ ansible-runner, the failure paths, the lock, check mode and `make restart HOST=.
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -144,7 +145,12 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     assert "release v4 is broken" in res.stdout
     assert "rolled back to release" in res.stdout and "running again as" in res.stdout
     assert in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout.strip() == current
+    # the failed CT still gets its summary: the release it tried, how the old run stopped and
+    # the checkpoint it wrote, the release and PID running now (the callback folds long lines)
     pid = trainer_pids(seeded, "ct201")
+    assert re.search(r"ct201: release \w+ \(new:\s+1\s+modified,\s+0\s+added,\s+0\s+removed\),\s+rolled\s+back\s+to\s+"
+                     + re.escape(current.split("/")[-1]) + r",\s+stopped\s+by\s+SIGINT\s+in\s+[0-9.]+s,"
+                     r"\s+checkpoint\s+/workspace/checkpoints/step_\d+,\s+PID\s+" + pid[0] + ",", res.stdout)
     assert len(pid) == 1
     assert "resumed from /workspace/checkpoints/step_" in in_ct(
         seeded, "ct201", "cat /workspace/logs/train.log").stdout

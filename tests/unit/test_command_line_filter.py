@@ -12,7 +12,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import REPO, example_settings
 
 sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
-from dflash_command_line import dflash_argv, dflash_env_pairs  # noqa: E402
+from dflash_command_line import dflash_argv, dflash_env_pairs, dflash_gpus_needed  # noqa: E402
 
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
 
@@ -69,9 +69,16 @@ def test_script_and_python_lead_the_argv():
 ])
 def test_each_validation_rule_names_the_variable(changes, error):
     settings = dict(example_settings(), **changes)
-    with pytest.raises(AnsibleFilterError) as caught:
-        dflash_argv(settings, visible_gpus=8)
-    assert str(caught.value).startswith(error)
+    # the preflight's GPU count is taken from the same checked settings: it fails alike
+    for render in (lambda: dflash_argv(settings, visible_gpus=8), lambda: dflash_gpus_needed(settings)):
+        with pytest.raises(AnsibleFilterError) as caught:
+            render()
+        assert str(caught.value).startswith(error)
+
+
+def test_gpus_needed_is_the_highest_id_plus_one():
+    assert dflash_gpus_needed(example_settings()) == 8  # GPUs 0-4 target, 5-7 drafter
+    assert dflash_gpus_needed(dict(example_settings(), target_gpus=[9], drafter_gpus=[2])) == 10
 
 
 def test_gpu_ids_must_be_visible():

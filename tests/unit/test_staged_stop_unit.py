@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import REPO
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable, staged_stop
 
 COLLECTION = os.path.join(REPO, "collections", "ansible_collections", "dflash", "lifecycle")
 
@@ -173,7 +173,7 @@ def test_checkpoint_report_new_complete_and_temp(tmp_path):
     ckpt = tmp_path / "ck"
     (ckpt / "step_10").mkdir(parents=True)
     (ckpt / "step_10" / "model.json").write_text("{}")
-    before = staged_stop.checkpoint_entries(str(ckpt), "step_*", staged_stop.DEFAULT_TEMP_PATTERNS)
+    before = checkpoints.entries(str(ckpt), "step_*", checkpoints.DEFAULT_TEMP_PATTERNS)
     (ckpt / ".tmp-step_20-5").mkdir()
     (ckpt / ".tmp-step_20-5" / "model.json").write_text("{}")
     params = {"checkpoint_dir": str(ckpt), "checkpoint_pattern": "step_*"}

@@ -41,6 +41,7 @@ import sys
 import time
 
 VOCAB = 32
+DEFAULT_STEP_SECONDS = 0.05
 EXIT_INTERRUPTED = 130
 
 
@@ -297,7 +298,7 @@ def train(args):
     rng = random.Random(state["step"])
     seq_len = min(args.max_seq_len, 64)
     batch_size = max(1, min(args.max_batch_size, args.token_budget // max(seq_len, 1), 4))
-    step_seconds = float(env.get("DFLASH_STEP_SECONDS", "0.05"))
+    step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS))
     block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
     calibration = calibrate_c_call() if block_seconds > 0 else 0.0
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),

@@ -1,6 +1,6 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Preflight checks and the launch of the trainer inside a CT (Python 3.8 compatible).
+"""The launch of the trainer inside a CT (Python 3.8 compatible).
 
 The launch follows DESIGN.md "Launch contract": its own session, SIGINT and SIGTERM at
 their default dispositions (a background job of a non-interactive shell would inherit
@@ -28,61 +28,6 @@ class LaunchError(Exception):
     def __init__(self, msg, **details):
         super().__init__(msg)
         self.details = details
-
-
-# -- preflight ----------------------------------------------------------------------------
-
-def count_gpus(nvidia_smi="nvidia-smi"):
-    try:
-        out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return 0, f"{nvidia_smi} -L failed: {err}"
-    gpus = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-    return len(gpus), None if out.returncode == 0 else out.stderr.strip()
-
-
-def free_bytes(path):
-    """Free space where path is (or would be created)."""
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe) or "/"
-    st = os.statvfs(probe)
-    return st.f_bavail * st.f_frsize, probe
-
-
-def preflight(params):
-    """Every check with its outcome; the failures name the check and what was found."""
-    checks = []
-
-    def check(name, ok, found, hint=""):
-        checks.append({"check": name, "ok": bool(ok), "found": found, "hint": hint})
-
-    gpus, error = count_gpus(params.get("nvidia_smi") or "nvidia-smi")
-    needed = params.get("gpus_needed") or 0
-    check("gpus_visible", gpus >= needed and not error,
-          f"{gpus} GPUs from nvidia-smi -L" + (f" ({error})" if error else ""),
-          f"the run needs GPU ids up to {needed - 1}" if needed else "")
-    model = params["target_model"]
-    check("target_model", os.path.isfile(os.path.join(model, "config.json")),
-          f"{model}: " + ("no config.json" if os.path.isdir(model) else "missing"),
-          "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back"
-          if model.startswith("/dev/shm") else "")
-    data = params["data_dir"]
-    entries = os.listdir(data) if os.path.isdir(data) else None
-    check("data_dir", bool(entries),
-          f"{data}: " + ("missing" if entries is None else f"{len(entries)} entries"))
-    free, where = free_bytes(params["output_dir"])
-    minimum = int(float(params.get("min_free_gb") or 0) * 1024 ** 3)
-    check("output_dir_free_space", free >= minimum,
-          f"{free / 1024 ** 3:.1f} GiB free at {where}",
-          f"needs {params.get('min_free_gb')} GiB for checkpoints")
-    checkpoints = staged_stop.checkpoint_entries(
-        params["output_dir"], params.get("checkpoint_pattern") or "step_*",
-        staged_stop.DEFAULT_TEMP_PATTERNS)
-    return {"checks": checks, "gpu_count": gpus,
-            "checkpoint_present": any(e["complete"] for e in checkpoints.values()),
-            "failed_checks": [c for c in checks if not c["ok"]]}
 
 
 # -- running trainer / busy GPUs -----------------------------------------------------------

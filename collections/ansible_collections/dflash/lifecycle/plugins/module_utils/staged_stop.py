@@ -17,7 +17,6 @@ Safety rules, each a lesson from the field (see DESIGN.md "Staged stop"):
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import select
@@ -26,7 +25,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable
 
 DEFAULT_LADDER = (
     {"signal": "SIGINT", "scope": "main", "wait": 120},
@@ -34,7 +33,6 @@ DEFAULT_LADDER = (
     {"signal": "SIGKILL", "scope": "tree", "wait": 10},
 )
 SCOPES = ("main", "group", "tree")
-DEFAULT_TEMP_PATTERNS = (".tmp*", "*.tmp", "*.partial", "*.incomplete")
 FALLBACK_POLL_SECONDS = 0.05
 
 
@@ -329,65 +327,13 @@ def stage_pids(stage, main_ident, targets, table, excluded):
 
 # -- checkpoints -----------------------------------------------------------------------------
 
-def _is_temp(name, temp_patterns):
-    return any(fnmatch.fnmatch(name, pat) for pat in temp_patterns)
-
-
-def checkpoint_entries(directory, pattern, temp_patterns):
-    """{name: {mtime, complete, size}} of candidate checkpoints in directory."""
-    entries = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return entries
-    for name in names:
-        if _is_temp(name, temp_patterns) or not fnmatch.fnmatch(name, pattern):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if os.path.isdir(path):
-            size, has_temp, count = 0, False, 0
-            for root, dirs, files in os.walk(path):
-                for item in dirs + files:
-                    has_temp = has_temp or _is_temp(item, temp_patterns)
-                for item in files:
-                    count += 1
-                    try:
-                        size += os.stat(os.path.join(root, item)).st_size
-                    except OSError:
-                        pass
-            complete = count > 0 and size > 0 and not has_temp
-        else:
-            size, complete = st.st_size, st.st_size > 0
-        entries[name] = {"mtime": st.st_mtime, "complete": complete, "size": size}
-    return entries
-
-
-def fingerprint(directory):
-    """Changes whenever anything under directory is written, created or renamed."""
-    total, newest, count = 0, 0, 0
-    for root, dirs, files in os.walk(directory):
-        for item in dirs + files:
-            try:
-                st = os.lstat(os.path.join(root, item))
-            except OSError:
-                continue
-            count += 1
-            total += st.st_size
-            newest = max(newest, st.st_mtime_ns)
-    return (count, total, newest)
-
-
 def _temp_patterns(params):
-    return params.get("checkpoint_temp_patterns") or DEFAULT_TEMP_PATTERNS
+    return params.get("checkpoint_temp_patterns") or checkpoints.DEFAULT_TEMP_PATTERNS
 
 
 def module_checkpoints(params):
-    """checkpoint_entries() of checkpoint_dir with the module's pattern parameters."""
-    return checkpoint_entries(params["checkpoint_dir"], params.get("checkpoint_pattern") or "*",
+    """checkpoints.entries() of checkpoint_dir with the module's pattern parameters."""
+    return checkpoints.entries(params["checkpoint_dir"], params.get("checkpoint_pattern") or "*",
                               _temp_patterns(params))
 
 
@@ -397,7 +343,7 @@ def temp_files_left(params):
         names = os.listdir(params["checkpoint_dir"])
     except OSError:
         return []
-    return sorted(n for n in names if _is_temp(n, _temp_patterns(params)))
+    return sorted(n for n in names if checkpoints.is_temp(n, _temp_patterns(params)))
 
 
 def checkpoint_report(params, before):
@@ -698,10 +644,10 @@ def _wait_stage(params, stage, index, targets, result, started):
         return targets.wait_gone(targets.alive(), base)
     window = float(params.get("checkpoint_activity_window", 5))
     cap_at = time.monotonic() + max(base, float(params.get("checkpoint_max_wait", 900)))
-    state = {"print": fingerprint(directory), "changed_at": None, "extended": 0.0}
+    state = {"print": checkpoints.fingerprint(directory), "changed_at": None, "extended": 0.0}
 
     def on_tick(now, final):
-        current = fingerprint(directory)
+        current = checkpoints.fingerprint(directory)
         if current != state["print"]:
             state["print"], state["changed_at"] = current, now
         if not final:

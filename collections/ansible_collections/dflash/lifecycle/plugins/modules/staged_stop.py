@@ -291,7 +291,7 @@ ladder:
 
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, leased, proctable, rundir, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, detached, leased, proctable, rundir, staged_stop
 
 
 def main():
@@ -309,7 +309,7 @@ def main():
             "checkpoint_dir": {"type": "path"},
             "checkpoint_pattern": {"type": "str", "default": "*"},
             "checkpoint_temp_patterns": {"type": "list", "elements": "str",
-                                         "default": list(staged_stop.DEFAULT_TEMP_PATTERNS)},
+                                         "default": list(checkpoints.DEFAULT_TEMP_PATTERNS)},
             "checkpoint_activity_window": {"type": "float", "default": 5},
             "checkpoint_max_wait": {"type": "float", "default": 900},
             "require_checkpoint": {"type": "bool", "default": False},

@@ -115,7 +115,7 @@ release_status:
   type: dict
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, releases
 
 
 def main():
@@ -136,7 +136,7 @@ def main():
         },
         supports_check_mode=True,
     )
-    result = launch.preflight(module.params)
+    result = preflight.preflight(module.params)
     wanted = module.params["release"]
     if wanted:
         result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])
