@@ -26,10 +26,12 @@ also shows the slowest CT's own time and the ratio of the rest.
 The bench testbed is taken down at the end. Usage: .venv/bin/python bench/redeploy_bench.py
 """
 
+import glob
 import importlib.util
 import os
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -102,15 +104,16 @@ class Bench:
     def measured(self, *args):
         time.sleep(self.phase.uniform(0, self.period))  # see the module docstring
         pct0, ssh0, ses0 = self.counts()
-        cpu0 = cpu_seconds()
+        cpu0, controller0, cts0 = cpu_seconds(), controller_seconds(), ct_seconds()
         res, wall = self.playbook(*args)
         cpu = cpu_seconds() - cpu0
+        controller, cts = controller_seconds() - controller0, ct_seconds() - cts0
         pct1, ssh1, ses1 = self.counts()
         recap = [line for line in res.stdout.splitlines() if " : ok=" in line]
         tasks = sum(int(line.split("ok=")[1].split()[0]) + int(line.split("skipped=")[1].split()[0])
                     for line in recap)
         return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "sessions": ses1 - ses0, "tasks": tasks,
-                "wall": wall, "cpu": cpu, "stdout": res.stdout}
+                "wall": wall, "cpu": cpu, "controller": controller, "cts": cts, "stdout": res.stdout}
 
     def hand_sequence(self, host, src_file):
         node, vmid = CTS[host]
@@ -151,6 +154,30 @@ def cpu_seconds():
     with open("/proc/stat", encoding="ascii") as handle:
         fields = handle.readline().split()[1:]
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6)) / os.sysconf("SC_CLK_TCK")
+
+
+def controller_seconds():
+    """CPU time of this process's waited-for children: ansible-playbook, its worker processes
+    and their ssh clients."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def ct_seconds():
+    """CPU time spent inside the bench's CTs (modules, their shells, the trainers), from each
+    CT's cgroup: cgroup v2's cpu.stat (pure or hybrid layout), else v1's cpuacct."""
+    total = 0.0
+    for _host, (_node, vmid) in CTS.items():
+        for stat in glob.glob(f"/sys/fs/cgroup/lxc.payload.{vmid}/cpu.stat") + glob.glob(
+                f"/sys/fs/cgroup/unified/lxc.payload.{vmid}/cpu.stat"):
+            with open(stat, encoding="ascii") as handle:
+                total += int(dict(line.split() for line in handle)["usage_usec"]) / 1e6
+            break
+        else:
+            for usage in glob.glob(f"/sys/fs/cgroup/cpuacct/lxc.payload.{vmid}/cpuacct.usage"):
+                with open(usage, encoding="ascii") as handle:
+                    total += int(handle.read()) / 1e9
+    return total
 
 
 def trainer_times(stdout):
@@ -233,9 +260,12 @@ def run(bench, tmp):
           f"{REPEAT} runs ({cpus} CPUs).")
     print("   slowest trainer: the slowest CT's own time (checkpoint + start-up to its first progress")
     print("   line), which the batch waits for; the rest is the redeploy's. CPU floor: the machine's CPU")
-    print("   seconds of the run divided by its CPUs, as a ratio to the 1-CT wall time")
+    print("   seconds of the run divided by its CPUs, as a ratio to the 1-CT wall time. Where the CPU")
+    print("   went: the controller (ansible-playbook, its workers, ssh), inside the CTs (cgroups: the")
+    print("   modules, their shells, the trainers) and the rest (the nodes' sshd, pct, lxc-attach, ...)")
     print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10} {'slowest trainer s':>17} {'rest s':>6} "
-          f"{'rest ratio':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} {'CPU floor':>9}")
+          f"{'rest ratio':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} {'CPU floor':>9} "
+          f"{'controller':>10} {'in CTs':>6} {'rest':>5}")
     base = None
     for count, hosts in ((1, ["bct700"]), (2, ["bct700", "bct800"]),
                          (4, ["bct700", "bct701", "bct800", "bct801"]), (8, list(CTS))):
@@ -248,7 +278,8 @@ def run(bench, tmp):
         base = base or row
         print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base['wall']:>10.2f} "
               f"{trainer_time(row['stdout']):>17.1f} {overhead(row):>6.1f} {overhead(row) / overhead(base):>10.2f} "
-              f"{row['cpu']:>15.1f} {row['cpu'] / count:>12.2f} {row['cpu'] / cpus / base['wall']:>9.2f}")
+              f"{row['cpu']:>15.1f} {row['cpu'] / count:>12.2f} {row['cpu'] / cpus / base['wall']:>9.2f} "
+              f"{row['controller']:>10.1f} {row['cts']:>6.1f} {row['cpu'] - row['controller'] - row['cts']:>5.1f}")
 
     checks, reals = [], []
     for _attempt in range(REPEAT):

@@ -15,6 +15,7 @@ BASE = "/opt/dflash-test"
 PUSH = os.path.join(REPO, "playbooks", "push.yml")
 ROLLBACK = os.path.join(REPO, "playbooks", "rollback.yml")
 ACTIVATE = os.path.join(REPO, "tests", "integration", "files", "activate.yml")
+SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
 
 
 @pytest.fixture
@@ -73,7 +74,10 @@ def test_first_push_then_no_change_then_one_file(code):
     assert len(code.in_ct(f"ls {BASE}/releases").stdout.split()) == 2
 
 
-def test_activate_rollback_and_legacy_link(code):
+def test_activate_rollback_and_legacy_link(code, testbed):
+    # rollback.yml stops the trainer, switches back, preflights and relaunches: the CT needs
+    # what a seeded one has (the model in /dev/shm, data), whatever ran before this test
+    testbed.playbook(SEED, "-e", f"seed_hosts={CT}")
     code.run()
     code.activate()
     first = current(code)
@@ -86,9 +90,14 @@ def test_activate_rollback_and_legacy_link(code):
     second = current(code)
     assert second != first
     assert code.in_ct(f"readlink {BASE}/previous").stdout.strip() == first
-    code.run(playbook=ROLLBACK)
-    assert current(code) == first
-    assert code.in_ct(f"cat {BASE}/current/helper_0.py").stdout == "VALUE = 0\n"
+    try:
+        code.run(playbook=ROLLBACK, trainer_launch_script=f"{BASE}/current/train_dflash_pipeline.py")
+        assert current(code) == first
+        assert code.in_ct(f"cat {BASE}/current/helper_0.py").stdout == "VALUE = 0\n"
+        relaunched = code.in_ct("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+        assert f"{BASE}/current/train_dflash_pipeline.py" in code.in_ct(f"ps -o args= -p {relaunched}").stdout
+    finally:  # the relaunched trainer runs from BASE, which the fixture removes
+        code.in_ct("kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid)", check=False)
 
 
 def test_syntax_error_leaves_trainer_and_current_alone(code):
