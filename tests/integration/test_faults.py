@@ -142,6 +142,7 @@ def test_bad_inputs_fail_clearly_and_touch_nothing(testbed, extra, message):
     assert res.returncode != 0 and message in res.stdout
     assert sum(c["argv"][0] == "push" for c in testbed.pct_invocations("pve2")) == pushes
     assert "Stop the trainer in stages" not in res.stdout
+    assert re.search(r"ct301: [^']*not\s+stopped,\s+not\s+launched", res.stdout)  # the summary says so
 
 
 def test_host_matching_nothing_is_an_error():
