@@ -107,11 +107,11 @@ def _validated(settings, visible_gpus):
     """(the --flag value list, the checked numbers and GPU ids by name); fails naming the
     first bad dflash_* key."""
     if not isinstance(settings, dict):
-        raise AnsibleFilterError(f"dflash_argv expects a dict of settings, got {type(settings).__name__}")
+        raise AnsibleFilterError(f"the DFlash settings must be a dict, got {type(settings).__name__}")
     # group_vars spell the keys dflash_<name>; both spellings are accepted
     settings = {(k[len("dflash_"):] if k.startswith("dflash_") else k): v
                 for k, v in settings.items()}
-    argv = []
+    flags = []
     values = {}
     for name, kind, rule in FLAGS:
         value = settings.get(name)
@@ -125,37 +125,37 @@ def _validated(settings, visible_gpus):
                 _fail(name, f"must be an absolute path, got {value!r}")
             if "\n" in value or "\0" in value:
                 _fail(name, "must not contain a newline or NUL")
-            argv += [flag, value]
+            flags += [flag, value]
         elif kind == "gpus":
             values[name] = _gpus(name, value)
-            argv += [flag, ",".join(str(i) for i in values[name])]
+            flags += [flag, ",".join(str(i) for i in values[name])]
         elif kind in ("int", "float"):
             number, text = _number(name, value, kind)
             _check_rule(name, number, rule)
             values[name] = number
-            argv += [flag, text]
+            flags += [flag, text]
         elif kind == "choice":
             if value not in rule:
                 _fail(name, f"must be one of {', '.join(rule)}, got {value!r}")
-            argv += [flag, value]
+            flags += [flag, value]
         elif kind == "switch":
             if not isinstance(value, bool):
                 _fail(name, f"must be true or false, got {value!r}")
             if value:
-                argv.append(flag)
+                flags.append(flag)
     _cross_checks(values, visible_gpus)
     extra = settings.get("extra_args") or []
     if not isinstance(extra, list) or not all(isinstance(a, (str, int, float)) for a in extra):
         _fail("extra_args", f"must be a list of strings, got {extra!r}")
     if extra and not FLAG_RE.match(str(extra[0])):
         _fail("extra_args", f"must start with a --flag, got {extra[0]!r}")
-    argv += [str(a) for a in extra]
+    flags += [str(a) for a in extra]
     resume = settings.get("resume", False)
     if not isinstance(resume, bool):
         _fail("resume", f"must be true or false, got {resume!r}")
     if resume:
-        argv.append("--resume")
-    return argv, values
+        flags.append("--resume")
+    return flags, values
 
 
 def _cross_checks(values, visible_gpus):

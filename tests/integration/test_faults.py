@@ -67,6 +67,67 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
 
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
+SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
+
+
+def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(testbed):
+    """The same drop in the middle of redeploy.yml's stop: the stop ends in the CT all the same,
+    but the run never gave its lock back, so a rerun is refused while the lease lasts and says
+    how to take it over; taken over by name, the rerun converges."""
+    out = "/workspace/ck-drop"
+    override = ["-e", json.dumps({"dflash_output_dir": out, "trainer_stop_checkpoint_dir": out})]
+
+    def in_ct200(command, check=True):
+        return testbed.ssh("pve1", f"pct exec 200 -- sh -c {shlex.quote(command)}", check=check)
+
+    testbed.playbook(SEED, "-e", "seed_hosts=ct200")  # the model and data a launch needs
+    for pid in in_ct200("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
+        in_ct200(f"kill -KILL {pid}", check=False)  # trainers of this testbed: ours
+    in_ct200(f"rm -rf {out} && cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
+             f"--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir {out} "
+             "--target-gpus 0,1 --drafter-gpus 2 --save-interval 300 --profile-interval 5 "
+             "> /workspace/logs/train.log 2>&1 &")  # a legacy launch: SIGINT ignored
+    try:
+        deadline = time.monotonic() + 60
+        while in_ct200(f"ls {out} | grep -c '^step_'", check=False).stdout.strip() in ("", "0", "1"):
+            assert time.monotonic() < deadline, "no periodic checkpoint history"
+            time.sleep(0.2)
+        playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct200", *override],
+                                    cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while in_ct200("test -s /run/dflash/stop.worker", check=False).returncode != 0:
+                assert time.monotonic() < deadline and playbook.poll() is None
+                time.sleep(0.05)
+            killed = masters_to(testbed.bed.nodes["pve1"]["address"])
+            assert killed, "no ControlMaster to the node: nothing to drop"
+            for pid in killed:  # started by the playbook above: ours, ended by PID
+                os.kill(pid, 9)
+            output = playbook.communicate(timeout=300)[0]
+        finally:
+            if playbook.poll() is None:
+                playbook.kill()
+        assert playbook.returncode != 0 and "UNREACHABLE" in output
+        deadline = time.monotonic() + 60
+        while in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.strip():
+            assert time.monotonic() < deadline, output
+            time.sleep(0.2)
+        holder = json.loads(in_ct200("cat /run/dflash/redeploy.lock").stdout)["holder"]
+        refused = testbed.playbook(REDEPLOY, "-l", "ct200", *override, check=False)
+        assert refused.returncode != 0 and f"CT is being redeployed by {holder}" in refused.stdout
+        assert "dflash_lock_takeover" in refused.stdout
+        rerun = testbed.playbook(REDEPLOY, "-l", "ct200", *override,
+                                 "-e", json.dumps({"dflash_lock_takeover": holder}))
+        assert "failed=0" in rerun.stdout
+        assert f"took over the live (lock_takeover) lock of {holder}" in rerun.stderr
+        assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
+        assert len(in_ct200("pgrep -f 'train_dflash_pipeline[.]py'").stdout.split()) == 1
+    finally:
+        in_ct200("kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid)", check=False)
+        for pid in in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.split():
+            in_ct200(f"kill -KILL {pid}", check=False)
+        in_ct200(f"rm -rf {out}", check=False)
 
 
 def in_ct300(testbed, command, check=True):

@@ -73,3 +73,17 @@ def test_an_expired_lock_is_taken_over_with_a_warning(capsys, lock_path):
     result = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1"})
     assert result["lock"]["taken_over_from"]["holder"] == "awx job 7 (bob)"
     assert "took over the expired lock of awx job 7 (bob)" in json.dumps(result["warnings"])
+
+
+def test_a_live_lock_is_taken_over_only_from_the_holder_named(capsys, lock_path):
+    call(capsys, {"lock_path": lock_path, "lock_holder": "root@ctl run gone1"})  # its run died
+    refused = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
+    # the refusal says how to take it over, as a redeploy.yml extra var ready to paste
+    assert """-e '{"dflash_lock_takeover": "root@ctl run gone1"}'""" in refused["msg"]
+    # naming another holder (a run that took the lock since, say) is still refused
+    wrong = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": "root@ctl run old"})
+    assert wrong["failed"] and json.load(open(lock_path, encoding="utf-8"))["holder"] == "root@ctl run gone1"
+    taken = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": "root@ctl run gone1"})
+    assert "failed" not in taken and taken["lock"]["taken_over_from"]["holder"] == "root@ctl run gone1"
+    assert "took over the live (lock_takeover) lock of root@ctl run gone1" in json.dumps(taken["warnings"])
+    assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "bob run 2"

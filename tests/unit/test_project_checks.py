@@ -35,7 +35,7 @@ def test_awx_survey_variables_are_consumed():
     variables = {q["variable"] for t in data["controller_templates"]
                  for q in (t.get("survey_spec") or {}).get("spec", [])}
     assert variables == {"trainer_stop_sigint_wait", "trainer_stop_no_graceful",
-                         "dflash_resume", "dflash_serial"}
+                         "dflash_resume", "dflash_serial", "dflash_lock_takeover"}
     for name in variables:
         used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks"], cwd=REPO,
                       capture_output=True, text=True, check=False).stdout

@@ -34,4 +34,12 @@ options:
     description: Give the lock back once this task succeeded (the last task of a redeploy).
     type: bool
     default: false
+  lock_takeover:
+    description:
+      - Take the lock over from this holder even though its lease has not ended, with a warning.
+        For a redeploy that is gone before its lease ended (its controller lost the connection in
+        the middle of the stop); the refusal names the holder to give here. A lock held by anyone
+        else is still refused.
+      - C(redeploy.yml) sets it from C(dflash_lock_takeover).
+    type: str
 """

@@ -19,6 +19,7 @@ ARGUMENT_SPEC = {
     "lock_ttl": {"type": "float", "default": 1800},
     "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
     "lock_release": {"type": "bool", "default": False},
+    "lock_takeover": {"type": "str"},
 }
 
 
@@ -31,7 +32,8 @@ class LeasedModule(AnsibleModule):
         holder = self.params["lock_holder"]
         if holder:
             try:
-                self.lease = lock.take(self.params["lock_path"], holder, self.params["lock_ttl"])
+                self.lease = lock.take(self.params["lock_path"], holder, self.params["lock_ttl"],
+                                       self.params["lock_takeover"])
             except lock.LockHeld as err:
                 self.fail_json(msg=str(err), holder=err.holder)
             except rundir.UnsafePath as err:

@@ -5,7 +5,9 @@
 The holder (user or AWX job) is recorded with the time it took the lock and when its
 lease ends; each phase of a redeploy renews the lease (module_utils/leased.py). A lock
 whose lease has ended belongs to a redeploy that is gone (killed, lost its connection) and
-is taken over.
+is taken over. A live lease is taken over only when the caller names its holder (takeover):
+an operator who knows that run is gone need not wait for the lease to end, and a run that
+took the lock since is not overrun by mistake.
 Every change happens under flock on a guard file and lands by atomic rename of a file
 opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
@@ -48,17 +51,21 @@ def describe(lock):
     return f"{lock.get('holder')} since {since}"
 
 
-def acquire(path, holder, ttl, now=None):
-    """Take or renew the lock for holder. Returns (changed, lock, taken_over_from)."""
+def acquire(path, holder, ttl, now=None, takeover=None):
+    """Take or renew the lock for holder; a live lease of another holder only when takeover
+    names it. Returns (changed, lock, taken_over_from)."""
     now = time.time() if now is None else now
 
     def action():
         current = _read(path)
         taken_over = None
         if current is not None and current.get("holder") != holder:
-            if current.get("expires", 0) > now:
+            if current.get("expires", 0) > now and current.get("holder") != takeover:
                 raise LockHeld(f"CT is being redeployed by {describe(current)} "
-                               f"(lease until {time.strftime('%H:%M:%S UTC', time.gmtime(current['expires']))})",
+                               f"(lease until {time.strftime('%H:%M:%S UTC', time.gmtime(current['expires']))}); "
+                               f"if that run is gone, take the lock over with lock_takeover naming it "
+                               f"(redeploy.yml: -e "
+                               f"{shlex.quote(json.dumps({'dflash_lock_takeover': current.get('holder')}))})",
                                current)
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
@@ -69,12 +76,14 @@ def acquire(path, holder, ttl, now=None):
     return _guarded(path, action)
 
 
-def take(path, holder, ttl):
+def take(path, holder, ttl, takeover=None):
     """acquire() as a result: the lock in place, whom it was taken over from, changed, msg."""
-    changed, held, taken_over = acquire(path, holder, ttl)
+    now = time.time()
+    changed, held, taken_over = acquire(path, holder, ttl, now, takeover)
     msg = f"locked for {holder}"
     if taken_over:
-        msg += f"; took over the expired lock of {describe(taken_over)}"
+        how = "expired" if taken_over.get("expires", 0) <= now else "live (lock_takeover)"
+        msg += f"; took over the {how} lock of {describe(taken_over)}"
     return dict(held, changed=changed, taken_over_from=taken_over, msg=msg)
 
 
