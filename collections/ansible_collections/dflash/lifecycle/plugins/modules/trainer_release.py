@@ -138,6 +138,10 @@ def main():
     )
     params = module.params
     base, state = params["base"], params["state"]
+    if state == "status":  # one read of what is installed
+        installed = (releases.status(base, params["release"]) if params["files"] is None
+                     else releases.compared(base, params["release"], params["files"]))
+        module.exit_json(changed=False, **installed)
     before = releases.status(base, params["release"])
     result = {"changed": False}
     try:
@@ -159,12 +163,8 @@ def main():
                 releases.rollback(base)
     except releases.ReleaseError as err:
         module.fail_json(msg=str(err), **before)
-    if state == "status" and params["files"] is not None:
-        after = releases.compared(base, params["release"], params["files"])
-    else:
-        after = releases.status(base, params["release"])
-    if state != "status":
-        del after["current_manifest"]  # only status needs it (for diffs); keep results small
+    after = releases.status(base, params["release"])
+    del after["current_manifest"]  # only status needs it (for diffs); keep results small
     module.exit_json(**result, **after)
 
 
