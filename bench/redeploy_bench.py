@@ -167,16 +167,16 @@ def ct_seconds():
     """CPU time spent inside the bench's CTs (modules, their shells, the trainers), from each
     CT's cgroup: cgroup v2's cpu.stat (pure or hybrid layout), else v1's cpuacct."""
     total = 0.0
-    for _host, (_node, vmid) in CTS.items():
-        for stat in glob.glob(f"/sys/fs/cgroup/lxc.payload.{vmid}/cpu.stat") + glob.glob(
-                f"/sys/fs/cgroup/unified/lxc.payload.{vmid}/cpu.stat"):
-            with open(stat, encoding="ascii") as handle:
+    for _node, vmid in CTS.values():
+        v2 = glob.glob(f"/sys/fs/cgroup/lxc.payload.{vmid}/cpu.stat") + glob.glob(
+            f"/sys/fs/cgroup/unified/lxc.payload.{vmid}/cpu.stat")
+        if v2:
+            with open(v2[0], encoding="ascii") as handle:
                 total += int(dict(line.split() for line in handle)["usage_usec"]) / 1e6
-            break
-        else:
-            for usage in glob.glob(f"/sys/fs/cgroup/cpuacct/lxc.payload.{vmid}/cpuacct.usage"):
-                with open(usage, encoding="ascii") as handle:
-                    total += int(handle.read()) / 1e9
+            continue
+        for usage in glob.glob(f"/sys/fs/cgroup/cpuacct/lxc.payload.{vmid}/cpuacct.usage"):
+            with open(usage, encoding="ascii") as handle:
+                total += int(handle.read()) / 1e9
     return total
 
 

@@ -1,5 +1,6 @@
 """Fault injection: the controller's connection to the node drops in the middle of a stop."""
 
+import functools
 import json
 import os
 import re
@@ -23,36 +24,56 @@ def masters_to(address, port=2222):
     return sorted({int(p) for p in re.findall(r'"ssh",pid=(\d+)', out)})
 
 
-def test_stop_survives_a_dropped_controller_connection(ct, testbed):
-    # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
-    # next checkpoint, and the connection is cut while it waits, before any signal was sent
-    ct.launch(how="background", extra="--save-interval 300 --profile-interval 5")
-    deadline = time.monotonic() + 30
-    while ct.sh(f"ls {OUT} | grep -c '^step_'", check=False).stdout.strip() in ("", "0", "1"):
+def in_ct(testbed, node, vmid, command, check=True):
+    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+
+
+def wait_for_checkpoint_history(sh, directory, timeout):
+    """Until a legacy trainer has written two periodic checkpoints: a stop that cannot make it
+    checkpoint waits for the next one, at the interval these give."""
+    deadline = time.monotonic() + timeout
+    while sh(f"ls {directory} | grep -c '^step_'", check=False).stdout.strip() in ("", "0", "1"):
         assert time.monotonic() < deadline, "no periodic checkpoint history"
         time.sleep(0.2)
-    (trainer,) = ct.trainer_pids()
-    playbook = subprocess.Popen(
-        [os.path.join(BIN, "ansible-playbook"), os.path.join(REPO, "playbooks", "stop.yml"),
-         "-l", CT, "-e", f"trainer_stop_checkpoint_dir={OUT}",
-         "-e", "trainer_stop_log_file=/workspace/train.log", *EXTRA],
-        cwd=REPO, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None):
+    """Run ansible-playbook with playbook_args and, once its detached stop is under way in the
+    CT (the worker file names it), kill the controller's ControlMasters to the node at address;
+    after_drop runs right then. Returns the playbook's exit status and output."""
+    playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), *playbook_args], cwd=REPO,
+                                env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
-        # the detached stop is under way once its worker file names it
-        while ct.sh("test -s /run/dflash/stop.worker", check=False).returncode != 0:
+        while sh("test -s /run/dflash/stop.worker", check=False).returncode != 0:
             assert time.monotonic() < deadline and playbook.poll() is None
             time.sleep(0.05)
-        address = testbed.bed.nodes[NODE]["address"]
         killed = masters_to(address)
         assert killed, "no ControlMaster to the node: nothing to drop"
         for pid in killed:  # started by the playbook above: ours, ended by PID
             os.kill(pid, 9)
-        assert ct.sh(f"test -d /proc/{trainer}", check=False).returncode == 0  # not yet stopped
+        after_drop()
         output = playbook.communicate(timeout=300)[0]
     finally:
         if playbook.poll() is None:
             playbook.kill()
+    return playbook.returncode, output
+
+
+def test_stop_survives_a_dropped_controller_connection(ct, testbed):
+    # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
+    # next checkpoint, and the connection is cut while it waits, before any signal was sent
+    ct.launch(how="background", extra="--save-interval 300 --profile-interval 5")
+    wait_for_checkpoint_history(ct.sh, OUT, timeout=30)
+    (trainer,) = ct.trainer_pids()
+
+    def not_yet_stopped():
+        assert ct.sh(f"test -d /proc/{trainer}", check=False).returncode == 0
+
+    _status, output = drop_connection_mid_stop(
+        ct.sh, testbed.bed.nodes[NODE]["address"],
+        [os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT, "-e", f"trainer_stop_checkpoint_dir={OUT}",
+         "-e", "trainer_stop_log_file=/workspace/train.log", *EXTRA], after_drop=not_yet_stopped)
     # whatever the controller saw, the stop ran to its end inside the CT
     deadline = time.monotonic() + 60
     while ct.trainer_pids():
@@ -76,10 +97,7 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
     how to take it over; taken over by name, the rerun converges."""
     out = "/workspace/ck-drop"
     override = ["-e", json.dumps({"dflash_output_dir": out, "trainer_stop_checkpoint_dir": out})]
-
-    def in_ct200(command, check=True):
-        return testbed.ssh("pve1", f"pct exec 200 -- sh -c {shlex.quote(command)}", check=check)
-
+    in_ct200 = functools.partial(in_ct, testbed, "pve1", 200)
     testbed.playbook(SEED, "-e", "seed_hosts=ct200")  # the model and data a launch needs
     for pid in in_ct200("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
         in_ct200(f"kill -KILL {pid}", check=False)  # trainers of this testbed: ours
@@ -88,27 +106,10 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
              "--target-gpus 0,1 --drafter-gpus 2 --save-interval 300 --profile-interval 5 "
              "> /workspace/logs/train.log 2>&1 &")  # a legacy launch: SIGINT ignored
     try:
-        deadline = time.monotonic() + 60
-        while in_ct200(f"ls {out} | grep -c '^step_'", check=False).stdout.strip() in ("", "0", "1"):
-            assert time.monotonic() < deadline, "no periodic checkpoint history"
-            time.sleep(0.2)
-        playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct200", *override],
-                                    cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
-        try:
-            deadline = time.monotonic() + 60
-            while in_ct200("test -s /run/dflash/stop.worker", check=False).returncode != 0:
-                assert time.monotonic() < deadline and playbook.poll() is None
-                time.sleep(0.05)
-            killed = masters_to(testbed.bed.nodes["pve1"]["address"])
-            assert killed, "no ControlMaster to the node: nothing to drop"
-            for pid in killed:  # started by the playbook above: ours, ended by PID
-                os.kill(pid, 9)
-            output = playbook.communicate(timeout=300)[0]
-        finally:
-            if playbook.poll() is None:
-                playbook.kill()
-        assert playbook.returncode != 0 and "UNREACHABLE" in output
+        wait_for_checkpoint_history(in_ct200, out, timeout=60)
+        status, output = drop_connection_mid_stop(
+            in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override])
+        assert status != 0 and "UNREACHABLE" in output
         deadline = time.monotonic() + 60
         while in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.strip():
             assert time.monotonic() < deadline, output
@@ -131,7 +132,7 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
 
 
 def in_ct300(testbed, command, check=True):
-    return testbed.ssh("pve2", f"pct exec 300 -- sh -c {shlex.quote(command)}", check=check)
+    return in_ct(testbed, "pve2", 300, command, check)
 
 
 def prepare_ct300(testbed):
