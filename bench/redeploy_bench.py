@@ -11,7 +11,9 @@ Brings up a bench testbed (2 nodes x 4 CTs on 127.77.3.x, state in
    time up to its first progress line, which the redeploy reports) as a ratio to the hand
    sequence's wall time.
 3. Scale: wall time of one redeploy batch over 1, 2, 4 and 8 CTs (2 nodes), ratio to 1 CT,
-   with the machine's CPU seconds and the floor they set on a machine of this many CPUs.
+   with the machine's CPU seconds, the floor they set on a machine of this many CPUs, and how
+   busy the machine's CPUs were over the run (near 100%: the batch waits for CPU, not for
+   one CT after another).
 4. Check mode: wall time of `--check` against the real no-change run.
 Every figure is the median of BENCH_REPEAT (default 5) runs. (Table 2, stop detection latency,
 is bench/stop_latency.py.)
@@ -260,11 +262,12 @@ def run(bench, tmp):
           f"{REPEAT} runs ({cpus} CPUs).")
     print("   slowest trainer: the slowest CT's own time (checkpoint + start-up to its first progress")
     print("   line), which the batch waits for; the rest is the redeploy's. CPU floor: the machine's CPU")
-    print("   seconds of the run divided by its CPUs, as a ratio to the 1-CT wall time. Where the CPU")
+    print("   seconds of the run divided by its CPUs, as a ratio to the 1-CT wall time. CPUs busy: those")
+    print("   CPU seconds over CPUs x wall time, every process of the machine. Where the CPU")
     print("   went: the controller (ansible-playbook, its workers, ssh), inside the CTs (cgroups: the")
     print("   modules, their shells, the trainers) and the rest (the nodes' sshd, pct, lxc-attach, ...)")
     print(f"{'CTs':>4} {'wall s':>7} {'ratio to 1':>10} {'slowest trainer s':>17} {'rest s':>6} "
-          f"{'rest ratio':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} {'CPU floor':>9} "
+          f"{'rest ratio':>10} {'CPU s (machine)':>15} {'CPU s per CT':>12} {'CPU floor':>9} {'CPUs busy':>9} "
           f"{'controller':>10} {'in CTs':>6} {'rest':>5}")
     base = None
     for count, hosts in ((1, ["bct700"]), (2, ["bct700", "bct800"]),
@@ -279,6 +282,7 @@ def run(bench, tmp):
         print(f"{count:>4} {row['wall']:>7.1f} {row['wall'] / base['wall']:>10.2f} "
               f"{trainer_time(row['stdout']):>17.1f} {overhead(row):>6.1f} {overhead(row) / overhead(base):>10.2f} "
               f"{row['cpu']:>15.1f} {row['cpu'] / count:>12.2f} {row['cpu'] / cpus / base['wall']:>9.2f} "
+              f"{row['cpu'] / cpus / row['wall']:>8.0%} "
               f"{row['controller']:>10.1f} {row['cts']:>6.1f} {row['cpu'] - row['controller'] - row['cts']:>5.1f}")
 
     checks, reals = [], []
