@@ -12,8 +12,8 @@ Brings up a bench testbed (2 nodes x 4 CTs on 127.77.3.x, state in
    sequence's wall time.
 3. Scale: wall time of one redeploy batch over 1, 2, 4 and 8 CTs (2 nodes), ratio to 1 CT,
    with the machine's CPU seconds, the floor they set on a machine of this many CPUs, and how
-   busy the machine's CPUs were over the run (near 100%: the batch waits for CPU, not for
-   one CT after another).
+   busy the machine's CPUs were over the run (the higher, the more the batch waits for CPU
+   rather than for one round trip after another).
 4. Check mode: wall time of `--check` against the real no-change run.
 Every figure is the median of BENCH_REPEAT (default 5) runs. (Table 2, stop detection latency,
 is bench/stop_latency.py.)
