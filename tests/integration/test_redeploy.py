@@ -156,6 +156,26 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
         seeded, "ct201", "cat /workspace/logs/train.log").stdout
 
 
+def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path):
+    """A young run with no checkpoint yet: the preflight finds none, the stop's SIGINT writes
+    the first one, and the relaunch must resume from it rather than start from scratch."""
+    for pid in trainer_pids(seeded, "ct300"):
+        in_ct(seeded, "ct300", f"kill -KILL {pid}", check=False)
+    in_ct(seeded, "ct300", "rm -rf /workspace/checkpoints")
+    seeded.playbook(SEED, "-e", "seed_hosts=ct300")  # its first periodic checkpoint is 25 s away
+    run, stats = runner(tmp_path, "ct300", {"trainer_launch_resume": "auto"})
+    assert run.status == "successful", run.stdout.read()
+    preflight = next(e["event_data"]["res"] for e in run.events if e["event"] == "runner_on_ok"
+                     and e["event_data"]["task"] == "Check GPUs, model, data and disk in the CT")
+    assert preflight["checkpoint_present"] is False  # else this test would prove nothing
+    entry = stats["artifact_data"]["dflash_redeploy"]["ct300"]
+    assert entry["checkpoint"].startswith("/workspace/checkpoints/step_"), entry
+    args = in_ct(seeded, "ct300", f"ps -o args= -p {entry['pid']}").stdout.strip()
+    assert args == entry["command_line"] and args.endswith(" --resume"), args
+    assert f"resumed from {entry['checkpoint']} at step" in in_ct(
+        seeded, "ct300", "cat /workspace/logs/train.log").stdout
+
+
 def test_concurrent_redeploys_of_one_ct(seeded):
     args = [os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301"]
     first = subprocess.Popen(args, cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,

@@ -243,10 +243,13 @@ diagnostics:
   returned: when a stage past the first was reached
   type: dict
 checkpoint:
-  description: Newest complete checkpoint, and the new one written after the first signal.
+  description: >-
+    Newest complete checkpoint and its age, the newest one written after the first signal
+    (C(new), C(written)), and temporary files left in the directory.
   returned: when checkpoint_dir is given
   type: dict
-  sample: {dir: /workspace/checkpoints, newest: /workspace/checkpoints/step_812, written: true}
+  sample: {dir: /workspace/checkpoints, newest: /workspace/checkpoints/step_812, newest_age_s: 0.4,
+           new: /workspace/checkpoints/step_812, written: true, temp_files_left: []}
 signal_dispositions:
   description: For each ladder signal, whether the main process catches, ignores or defaults it.
   returned: when a trainer was found
