@@ -140,7 +140,9 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     src = source(tmp_path, "crashing",
                  lambda t: t.replace("def main(argv=None):\n",
                                      "def main(argv=None):\n    raise SystemExit('release v4 is broken')\n", 1))
-    res = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", f"trainer_code_src={src}", check=False)
+    # dflash_resume false: the rescue resumes all the same, from the checkpoint its stop wrote
+    res = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", f"trainer_code_src={src}", "-e", "dflash_resume=false",
+                          check=False)
     assert res.returncode != 0
     assert "release v4 is broken" in res.stdout
     assert "rolled back to release" in res.stdout and "running again as" in res.stdout
@@ -154,6 +156,9 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     assert len(pid) == 1
     assert "resumed from /workspace/checkpoints/step_" in in_ct(
         seeded, "ct201", "cat /workspace/logs/train.log").stdout
+    # the summary's command line is the one that runs, not the settings' (no --resume)
+    assert in_ct(seeded, "ct201", f"ps -o args= -p {pid[0]}").stdout.strip().endswith(" --resume")
+    assert re.search(r"--save-interval\s+500\s+--resume\b", res.stdout), res.stdout
 
 
 def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path):

@@ -55,6 +55,15 @@ def test_read_process_and_dispositions(proc):
     assert proctable.read_process(9, str(proc)) is None
 
 
+def test_read_argv_keeps_spaces_and_empty_arguments(proc):
+    fake_proc(proc, 8, "python3", 1)
+    (proc / "8" / "cmdline").write_bytes(b"python3\0-u\0train.py\0--note\0two words\0\0")
+    assert proctable.read_argv(8, str(proc)) == ["python3", "-u", "train.py", "--note", "two words", ""]
+    (proc / "8" / "cmdline").write_bytes(b"")  # a zombie, or a kernel thread
+    assert proctable.read_argv(8, str(proc)) == []
+    assert proctable.read_argv(9, str(proc)) is None
+
+
 def test_tree_building_with_pgid_0(proc):
     fake_proc(proc, 1, "tini", 0, 1, 1)
     fake_proc(proc, 5, "bash", 0)          # wrapper started by pct exec: parent outside the CT

@@ -85,6 +85,18 @@ def _read(path, mode="r"):
         return handle.read()
 
 
+def read_argv(pid, proc_root="/proc"):
+    """The argv the process runs with (its NUL-separated cmdline; empty arguments kept), or None
+    when it no longer exists."""
+    try:
+        raw = _read(os.path.join(proc_root, str(pid), "cmdline"), "rb")
+    except OSError:
+        return None
+    if not raw:
+        return []
+    return [arg.decode("utf-8", "replace") for arg in (raw[:-1] if raw.endswith(b"\0") else raw).split(b"\0")]
+
+
 def read_process(pid, proc_root="/proc"):
     """The process, or None when it no longer exists."""
     base = os.path.join(proc_root, str(pid))

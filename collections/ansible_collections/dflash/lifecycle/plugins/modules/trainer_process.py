@@ -174,6 +174,12 @@ pid:
   description: PID of the trainer (the Python process).
   returned: success
   type: int
+argv:
+  description: The command line the trainer runs with, read from the process once healthy.
+  returned: success
+  type: list
+  elements: str
+  sample: [/usr/bin/python3, -u, /opt/dflash/current/train_dflash_pipeline.py, --resume]
 first_progress_s:
   description: Seconds from the start to the first O(health_regex) line (the trainer's start-up).
   returned: success
