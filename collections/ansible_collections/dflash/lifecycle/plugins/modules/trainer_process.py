@@ -175,7 +175,9 @@ pid:
   returned: success
   type: int
 argv:
-  description: The command line the trainer runs with, read from the process once healthy.
+  description: >-
+    The command line the trainer runs with, read from the process once healthy; null when it
+    exited right after its first progress line.
   returned: success
   type: list
   elements: str
