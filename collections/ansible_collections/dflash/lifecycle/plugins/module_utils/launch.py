@@ -158,7 +158,8 @@ def wait_healthy(proc, params, offset):
         if seen is not None and alive_for >= min_alive:
             figure = re.search(r"tok/s\s+([0-9.]+)", seen)
             # what runs, for the caller's report: the wrapper's exec made it the trainer's own argv
-            return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid), "healthy_after_s": round(alive_for, 2),
+            return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid),
+                    "healthy_after_s": round(alive_for, 2),
                     "first_progress_s": round(seen_after, 2), "progress_line": seen,
                     "tokens_per_s": float(figure.group(1)) if figure else None}
         if time.monotonic() > deadline:
