@@ -18,7 +18,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from conftest import LiveTestbed, testbed_mod  # noqa: E402
+from testlib import LiveTestbed, testbed_mod  # noqa: E402
 
 NODE, VMID, CT = "pve2", "301", "ct301"
 FILES = 200

@@ -42,7 +42,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from conftest import BIN, TRAINER, LiveTestbed, testbed_mod, tool_env  # noqa: E402
+from testlib import BIN, TRAINER, LiveTestbed, testbed_mod, tool_env  # noqa: E402
 
 STATE = "/var/lib/dflash-testbed/bench"
 NODES = {"bn1": "127.77.3.1", "bn2": "127.77.3.2"}

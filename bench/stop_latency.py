@@ -5,7 +5,7 @@ A stand-in trainer (a real process, reaped by its own parent as `bash run.sh` wo
 at a random moment and records the wall-clock time of its exit. Three watchers, run side by
 side on the same kind of exits, note when they see it gone:
 
-  pidfd     staged_stop's Targets.wait_gone (poll() on a pidfd), as the module runs it
+  pidfd     target_set.Targets.wait_gone (poll() on a pidfd), as the module runs it
   fallback  the same without pidfds (short sleeps), for kernels/Pythons without them
   hand-2s   the hand-written loop: `while kill -0 $PID; do sleep 2; done` in bash
 
@@ -24,8 +24,8 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-import conftest  # noqa: E402,F401  (installs the collection loader)
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop  # noqa: E402
+import testlib  # noqa: E402,F401  (installs the collection loader)
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, target_set  # noqa: E402
 
 # The parent forks the trainer and reaps it at once; the trainer writes its exit time last.
 TRAINER = r"""
@@ -54,7 +54,7 @@ def exit_time(stamp):
 
 
 def watch_module(pid, use_pidfd):
-    targets = staged_stop.Targets(use_pidfd=use_pidfd)
+    targets = target_set.Targets(use_pidfd=use_pidfd)
     try:
         targets.add(proctable.read_process(pid), "main")
         targets.wait_gone(list(targets.members), timeout=60)

@@ -1,87 +1,10 @@
-"""Shared fixtures: the repository's venv tools and the local testbed."""
+"""The session's testbed fixture (helpers in testlib.py)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
-BIN = os.path.dirname(sys.executable)
-sys.path.insert(0, os.path.join(TESTS, "testbed"))
-
-
-def _install_collection_loader():
-    """Make ansible_collections.dflash.* importable for unit tests, as ansible-test does."""
-    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
-    _AnsibleCollectionFinder(paths=[os.path.join(REPO, "collections")])._install()
-
-
-_install_collection_loader()
-
-import testbed as testbed_mod  # noqa: E402
-
-TRAINER = os.path.join(TESTS, "testbed", "example_trainer", "train_dflash_pipeline.py")
-
-# Tools that look `ansible` up on PATH (testinfra, ansible-runner) find the venv's.
-os.environ["PATH"] = BIN + os.pathsep + os.environ["PATH"]
-os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
-
-
-RUN_VARS = os.path.join(REPO, "inventory", "production", "group_vars", "dflash_trainers", "run.yml")
-
-
-def example_settings():
-    """The dflash_* group_vars shipped as the example, without the prefix."""
-    import yaml
-    with open(RUN_VARS, encoding="utf-8") as handle:
-        group_vars = yaml.safe_load(handle)
-    return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
-
-
-def tool_env():
-    return dict(os.environ, ANSIBLE_NOCOLOR="1")
-
-
-def run_tool(args, check=True, **kwargs):
-    res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True,
-                         check=False, **kwargs)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{args} exited {res.returncode}\n{res.stdout}\n{res.stderr}")
-    return res
-
-
-class LiveTestbed:
-    """The default testbed (inventory/testbed) plus helpers to reach its nodes."""
-
-    def __init__(self, bed):
-        self.bed = bed
-
-    def ssh(self, node, command, input=None, check=False, timeout=60):
-        spec = self.bed.nodes[node]
-        args = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.bed.known_hosts}",
-                "-o", "IdentitiesOnly=yes", "-i", self.bed.key, "-p", str(spec["port"]),
-                f"root@{spec['address']}", command]
-        res = subprocess.run(args, input=input, capture_output=True, check=False, timeout=timeout,
-                             text=isinstance(input, str) or input is None)
-        if check and res.returncode != 0:
-            raise AssertionError(f"{command!r} on {node}: rc={res.returncode}\n{res.stderr}")
-        return res
-
-    def pct_invocations(self, node):
-        path = os.path.join(self.bed.node_dir(node), "pct-invocations.log")
-        if not os.path.exists(path):
-            return []
-        with open(path, encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle]
-
-    def ansible(self, *args, check=True):
-        return run_tool([os.path.join(BIN, "ansible"), *args], check=check)
-
-    def playbook(self, *args, check=True):
-        return run_tool([os.path.join(BIN, "ansible-playbook"), *args], check=check)
+from testlib import LiveTestbed, testbed_mod
 
 
 @pytest.fixture(scope="session")

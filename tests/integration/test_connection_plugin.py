@@ -4,7 +4,7 @@ import os
 
 import testinfra
 
-from conftest import BIN, REPO, run_tool
+from testlib import BIN, REPO, run_tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CT, NODE, VMID = "ct201", "pve1", "201"

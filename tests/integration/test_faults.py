@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import BIN, REPO, TRAINER, tool_env
+from testlib import BIN, REPO, TRAINER, tool_env
 from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
@@ -229,9 +229,12 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
         before = ct.sh(f"sha256sum {previous}/*").stdout
         ct.launch()
         ct.sh(f"dd if=/dev/zero of={OUT}/filler bs=4k 2>/dev/null || true")  # the disk is full
-        result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT,
-                      checkpoint_pattern="step_*", require_checkpoint=True, ladder=FAST_LADDER)
-        assert "no new complete checkpoint appeared" in result["msg"]
+        result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, log_file="/workspace/train.log",
+                      checkpoint_pattern="step_*", ladder=FAST_LADDER)  # fails by default
+        assert "no new sound checkpoint in /workspace/ck: none appeared" in result["msg"]
+        assert "No trainer is running" in result["msg"] and "Free space there: 0.00 GiB" in result["msg"]
+        assert re.search(r"the log is at step \d+: \d+ steps not in a checkpoint", result["msg"])
+        assert "Temporary files left (not deleted): .tmp-step_" in result["msg"]
         assert result["stopped"] is True and ct.trainer_pids() == []
         assert "No space left on device" in ct.sh("cat /workspace/train.log").stdout
         assert result["checkpoint"]["newest"] == previous

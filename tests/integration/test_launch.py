@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, example_settings
+from testlib import REPO, example_settings
 
 sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
 from dflash_command_line import dflash_argv  # noqa: E402

@@ -98,6 +98,29 @@ def test_exec_keep_env(node):
     assert res.stdout == "unset\n"
 
 
+def test_exec_runs_with_the_cli_handlers_path(node):
+    # pve-common CLIHandler.pm run_cli_handler: PATH=/sbin:/bin:/usr/sbin:/usr/bin, whatever the
+    # caller's, kept into the CT by --keep-env; the NVIDIA driver's nvidia-smi is in /usr/bin
+    res = node("PATH=/usr/local/bin:$PATH pct exec 300 -- sh -c 'echo $PATH; readlink -f $(command -v nvidia-smi)'",
+               check=True)
+    assert res.stdout == "/sbin:/bin:/usr/sbin:/usr/bin\n/usr/bin/nvidia-smi\n"
+    assert node("pct exec 300 -- ls /usr/local/bin", check=True).stdout == ""  # not the host's
+
+
+def test_fake_nvidia_smi_answers_the_queries_the_project_makes(node):
+    gpus = node("pct exec 300 -- nvidia-smi --query-gpu=index,memory.used,memory.total "
+                "--format=csv,noheader,nounits", check=True).stdout.splitlines()
+    assert len(gpus) == 8 and gpus[0].split(", ")[0] == "0" and gpus[0].split(", ")[2] == "81559"
+    node("pct exec 300 -- sh -c 'mkdir -p /run/nvidia-testbed && echo {\\\"held_mib\\\": {\\\"3\\\": 7000}} "
+         "> /run/nvidia-testbed/state.json'", check=True)
+    try:
+        used = node("pct exec 300 -- nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits",
+                    check=True).stdout.splitlines()
+        assert used[3].startswith("3, ") and int(used[3].split(", ")[1]) >= 7000
+    finally:
+        node("pct exec 300 -- rm -f /run/nvidia-testbed/state.json", check=True)
+
+
 def test_exec_missing_command(node):
     res = node("pct exec 300")
     assert res.returncode == 255

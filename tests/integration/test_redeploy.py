@@ -12,7 +12,7 @@ import time
 import ansible_runner
 import pytest
 
-from conftest import BIN, REPO, TRAINER, tool_env
+from testlib import BIN, REPO, TRAINER, tool_env
 
 sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
 

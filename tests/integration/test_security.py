@@ -7,7 +7,7 @@ import subprocess
 
 import ansible_runner
 
-from conftest import REPO, TRAINER
+from testlib import REPO, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")

@@ -3,7 +3,7 @@
 import os
 import time
 
-from conftest import REPO
+from testlib import REPO
 
 CT, NODE, VMID = "ct300", "pve2", "300"
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")

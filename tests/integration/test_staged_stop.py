@@ -5,12 +5,13 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import time
 
 import ansible_runner
 import pytest
 
-from conftest import BIN, REPO, TRAINER, run_tool
+from testlib import BIN, REPO, TRAINER, run_tool
 
 CT, NODE, VMID = "ct201", "pve1", "201"
 OUT = "/workspace/ck"
@@ -59,8 +60,15 @@ class CT201:
     def clean(self):
         """End what a test (or an interrupted earlier run) left: by PID, inside the CT."""
         for line in self.processes().splitlines():
-            if "train_dflash_pipeline" in line or "run.sh" in line or "sleep 600" in line:
+            if any(mark in line for mark in ("train_dflash_pipeline", "run.sh", "sleep 600", "dflash-helper")):
                 self.sh(f"kill -KILL {line.split()[0]}", check=False)
+        self.sh("rm -f /run/dflash/trainer.pid", check=False)
+
+    def alive(self, pid):
+        return self.sh(f"test -d /proc/{pid}", check=False).returncode == 0
+
+    def pid_of(self, pattern):
+        return int(self.sh(f"pgrep -f {shlex.quote(pattern)}").stdout.split()[0])
 
 
 @pytest.fixture
@@ -129,7 +137,7 @@ def test_3_blocked_in_c_call_stops_at_sigint_once_it_returns(ct, tmp_path):
 def test_4a_growing_checkpoint_extends_the_wait(ct, tmp_path):
     ct.launch(env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
     result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
-                  checkpoint_activity_window=2, checkpoint_max_wait=60,
+                  checkpoint_activity_window=2, graceful_wait_cap=60,
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
     assert signals(result) == [("SIGINT", "main")]  # no SIGKILL inside the cap
@@ -143,12 +151,13 @@ def test_4b_quiet_checkpoint_dir_is_not_waited_on(ct, tmp_path):
     ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=30", ready_line="DFlash trainer pid=")
     time.sleep(1)
     result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
-                  checkpoint_activity_window=2, checkpoint_max_wait=60,
+                  checkpoint_activity_window=2, graceful_wait_cap=60, on_missing_checkpoint="proceed",
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
                           {"signal": "SIGTERM", "scope": "tree", "wait": 5},
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
     assert not [e for e in result["timeline"] if e["event"] == "wait_extended"]
     assert ("SIGTERM", "tree") in signals(result)
+    assert result["checkpoint"]["written"] is False and "NO new checkpoint" in result["msg"]
 
 
 def test_5_ignores_sigint_and_sigterm_ends_at_sigkill_with_diagnostics(ct, tmp_path):
@@ -237,7 +246,7 @@ def test_bad_ladder_names_the_entry(ct, tmp_path):
 
 def test_ansible_doc_renders_the_module():
     res = run_tool([os.path.join(BIN, "ansible-doc"), "dflash.lifecycle.staged_stop"])
-    assert "checkpoint_max_wait" in res.stdout
+    assert "graceful_wait_cap" in res.stdout and "other_gpu_holders" in res.stdout
     assert REPO  # run from the repository's ansible.cfg
 
 
@@ -312,7 +321,7 @@ def test_no_graceful_proceed_ends_by_the_ladder_and_says_what_was_lost(ct, tmp_p
                   ladder=FAST_LADDER)
     assert result["stopped_by"]["signal"] == "SIGTERM"
     assert result["loss"]["steps_lost"] == last_step_in_log(ct) - result["loss"]["checkpoint_step"]
-    assert f"{result['loss']['steps_lost']} steps since it lost" in result["msg"]
+    assert f"{result['loss']['steps_lost']} steps after the newest checkpoint lost" in result["msg"]
 
 
 def test_no_graceful_without_checkpoint_history_fails_without_killing(ct, tmp_path):
@@ -321,3 +330,124 @@ def test_no_graceful_without_checkpoint_history_fails_without_killing(ct, tmp_pa
     result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, checkpoint_pattern="step_*")
     assert "shows no periodic checkpoint history" in result["msg"]
     assert "Nothing was signalled" in result["msg"] and ct.trainer_pids() == pids
+
+
+# -- touch exactly the run (run identity, bystanders, other GPU holders) ---------------------------
+
+def launch_with_identity(tmp_path, env="", extra=""):
+    """The trainer as dflash.lifecycle.trainer_process starts it: its own session, a run identity."""
+    command = (["/usr/bin/env", "DFLASH_STEP_SECONDS=0.02", *env.split(), "/usr/bin/python3", "-u",
+                "/root/train_dflash_pipeline.py", *ARGS.split(), *extra.split()])
+    (tmp_path / "launch").mkdir()
+    run = ansible_runner.run(
+        private_data_dir=str(tmp_path / "launch"), host_pattern=CT,
+        inventory=os.path.join(REPO, "inventory", "testbed"), module="dflash.lifecycle.trainer_process",
+        module_args=json.dumps({"command": command, "cwd": "/workspace", "pidfile": "/run/dflash/trainer.pid",
+                                "log_file": "/workspace/train.log", "health_seconds": 0.5}), quiet=True)
+    (result,) = [e["event_data"]["res"] for e in run.events if e["event"] == "runner_on_ok"]
+    return result
+
+
+def test_a_gpu_process_of_another_pct_exec_session_survives_the_stop(ct, testbed, tmp_path):
+    ct.launch()
+    # an operator's GPU tool in a pct exec session of its own, started after the trainer:
+    # PPID 0 inside the CT (its parent, lxc-attach, lives outside the CT's PID namespace)
+    session = subprocess.Popen(
+        ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={testbed.bed.known_hosts}",
+         "-i", testbed.bed.key, "-p", str(testbed.bed.nodes[NODE]["port"]),
+         f"root@{testbed.bed.nodes[NODE]['address']}",
+         f"pct exec {VMID} -- sh -c 'exec 3</dev/nvidia5; exec sleep 6001'"])
+    try:
+        deadline = time.monotonic() + 20
+        while ct.sh("pgrep -x -f 'sleep 6001'", check=False).returncode:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        other = ct.pid_of("sleep 6001")
+        assert ct.sh(f"cut -d' ' -f4 /proc/{other}/stat").stdout.strip() == "0"  # PPID 0 for real
+        result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+        assert result["stopped_by"]["signal"] == "SIGINT" and ct.trainer_pids() == []
+        assert ct.alive(other), "the other session's GPU process was signalled"
+        assert [(o["pid"], o["devices"], o["ppid"]) for o in result["other_gpu_holders"]] == [
+            (other, ["/dev/nvidia5"], 0)]
+        assert other not in [t["pid"] for t in result["targets"]]
+    finally:
+        session.terminate()
+        session.wait()
+        ct.clean()
+
+
+def test_a_setsid_helper_of_a_launched_run_is_stopped_with_it(ct, tmp_path):
+    launched = launch_with_identity(tmp_path, env="DFLASH_TEST_SETSID_HELPER=1")
+    helper = ct.pid_of("dflash-helper")
+    stat = ct.sh(f"cut -d')' -f2 /proc/{helper}/stat").stdout.split()
+    assert stat[1] == "1" and stat[3] == str(helper)  # reparented to init, a session of its own
+    assert f"DFLASH_RUN_ID={launched['run_id']}" in ct.sh(f"tr '\\0' '\\n' < /proc/{helper}/environ").stdout
+    result = stop(tmp_path, pidfile="/run/dflash/trainer.pid", checkpoint_dir=OUT,
+                  checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    assert result["run_id"] == launched["run_id"]
+    assert {t["pid"]: t["role"] for t in result["targets"]}[helper] == "run identity"
+    assert not ct.alive(helper) and ct.trainer_pids() == []
+    assert result["checkpoint"]["written"]
+
+
+def test_legacy_trainer_from_a_login_session_leaves_its_shell_sibling_and_daemon(ct, tmp_path):
+    # a real session (as ssh, pct enter or tmux make): the login shell leads it, the trainer and a
+    # sibling job share its session and process group
+    ct.sh("cd /workspace && setsid -f bash -l -c 'DFLASH_STEP_SECONDS=0.02 python3 -u "
+          f"/root/train_dflash_pipeline.py {ARGS} > /workspace/train.log 2>&1 & sleep 600 & wait' "
+          "< /dev/null > /dev/null 2>&1")
+    deadline = time.monotonic() + 30
+    while "tok/s" not in ct.sh("cat /workspace/train.log", check=False).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    trainer = ct.pid_of("^python3 -u /root/train_dflash_pipeline")  # the shell's own cmdline matches too
+    sibling = ct.pid_of("^sleep 600$")
+    shell = int(ct.sh(f"cut -d')' -f2 /proc/{sibling}/stat").stdout.split()[1])
+    # a GPU daemon started after the trainer, in a session of its own
+    ct.sh("setsid -f sh -c 'exec 3</dev/nvidia6; exec sleep 6001' < /dev/null > /dev/null 2>&1")
+    daemon = ct.pid_of("sleep 6001")
+    session = ct.sh(f"ps -o sid= -p {trainer} {sibling} {shell}").stdout.split()
+    assert len(set(session)) == 1 and session[0] == str(shell)
+    result = stop(tmp_path, include_wrapper=True, no_graceful="proceed", ladder=FAST_LADDER)
+    assert [t["pid"] for t in result["targets"]] == [trainer]
+    assert not ct.alive(trainer)
+    assert ct.alive(shell) and ct.alive(sibling) and ct.alive(daemon)
+    assert daemon in [o["pid"] for o in result["other_gpu_holders"]]
+
+
+def test_sigterm_handler_gets_the_checkpoint_wait_when_sigint_is_ignored(ct, tmp_path):
+    ct.launch(how="background", env="DFLASH_TEST_CHECKPOINT_ON_SIGTERM=1 DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", checkpoint_activity_window=2,
+                  ladder=[{"signal": "SIGINT", "scope": "main", "wait": 30},
+                          {"signal": "SIGTERM", "scope": "tree", "wait": 2},
+                          {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
+    assert result["graceful_possible"] is True and result["graceful_stage"] == 1
+    assert signals(result) == [("SIGTERM", "tree")]  # no SIGKILL in the middle of the save
+    assert [e["stage"] for e in result["timeline"] if e["event"] == "wait_extended"] == [1]
+    assert result["checkpoint"]["written"] and result["stopped_by"]["signal"] == "SIGTERM"
+
+
+def test_an_in_place_checkpoint_is_waited_for_until_it_is_done(ct, tmp_path):
+    # legacy launch (SIGINT ignored), periodic checkpoints written in place and slowly
+    ct.launch(how="background", extra=PERIODIC,
+              env="DFLASH_TEST_CHECKPOINT_IN_PLACE=1 DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=2")
+    deadline = time.monotonic() + 60
+    while ct.sh(f"ls {OUT}/*/COMPLETE 2>/dev/null | wc -l", check=False).stdout.strip() in ("0", "1"):
+        assert time.monotonic() < deadline, "no periodic checkpoint history"
+        time.sleep(0.2)
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    (landed,) = [e["path"] for e in result["timeline"] if e["event"] == "checkpoint_landed"]
+    # the landed checkpoint was whole when the trainer was stopped (no truncated save)
+    assert ct.sh(f"test -f {landed}/COMPLETE", check=False).returncode == 0
+    assert result["loss"]["checkpoint"] == landed
+
+
+def test_the_stop_sleeps_while_the_trainer_writes_its_checkpoint(ct, tmp_path):
+    # the workers end at once (the trainer stops them first), the checkpoint takes 10 s: the
+    # wait must not spin on their exited pidfds nor walk the directory in a loop
+    ct.launch(workers=2, env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=10")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},
+                          {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
+    assert result["stopped_by"]["signal"] == "SIGINT" and result["timeline"][-1]["elapsed"] >= 10
+    assert result["cpu_s"] < 0.5, f"the stop used {result['cpu_s']} CPU-s while it waited"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, tool_env
+from testlib import REPO, tool_env
 
 import testbed as testbed_mod
 

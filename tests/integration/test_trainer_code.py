@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import REPO, TRAINER
+from testlib import REPO, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 BASE = "/opt/dflash-test"

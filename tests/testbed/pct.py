@@ -14,6 +14,9 @@ has a surprising behaviour the project must cope with, this one has it too:
   the CLI entry has no ``$upid_exit`` handler, so a failed copy prints the
   error on stderr and still exits 0.
 * Errors raised with ``die`` end the real tool with exit status 255.
+* pve-common's ``PVE::CLIHandler::run_cli_handler`` sets ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``
+  before any command runs, and ``exec`` keeps the environment (``--keep-env``): a command in
+  the CT sees no ``/usr/local/bin``.
 
 The node this copy belongs to is the directory above ``bin/`` (the testbed
 installs one copy per node); each node sees only its own CTs.  Every call is
@@ -37,6 +40,7 @@ VMID_RE = r"^[1-9][0-9]{2,8}$"
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 CLONE_NEWNS = 0x00020000
 DIE_EXIT = 255  # perl's die() and CLIHandler's exit(-1)
+CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # pve-common CLIHandler.pm run_cli_handler
 
 USAGE = {
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
@@ -406,6 +410,9 @@ def record_invocation(node, argv):
 
 
 def main(argv):
+    # pve-common PVE::CLIHandler::run_cli_handler sets this before any command runs; `exec`
+    # passes it into the CT with --keep-env, so a command there sees no /usr/local/bin
+    os.environ["PATH"] = CLI_PATH
     node = Node(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     record_invocation(node, argv)
     try:

@@ -278,10 +278,13 @@ class Testbed:
         write(os.path.join(etc, "group"), "root:x:0:\nnogroup:x:65534:\n")
         if not os.path.lexists(os.path.join(etc, "os-release")):
             os.symlink("../usr/lib/os-release", os.path.join(etc, "os-release"))
-        self.write_fake_nvidia_smi(os.path.join(rootfs, "local-bin"), vmid, ct["gpus"])
+        usr_top = os.path.join(ctdir, "usr-top")
+        self.write_fake_nvidia_smi(usr_top, ct["gpus"])
         mounts = [
-            "/usr usr none bind,ro 0 0",
-            # Per-CT tools (the fake nvidia-smi) on top of the read-only /usr.
+            # the host's /usr, read-only, with the CT's own tools on top where the field has
+            # them (the NVIDIA driver installs nvidia-smi in /usr/bin)
+            f"overlay usr overlay ro,lowerdir={usr_top}:/usr 0 0",
+            # and without the host's /usr/local/bin: nothing in the CT is found there by luck
             f"{rootfs}/local-bin usr/local/bin none bind,ro 0 0",
             "tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
         ]
@@ -319,19 +322,13 @@ class Testbed:
             node.start(vmid)
 
     @staticmethod
-    def write_fake_nvidia_smi(bindir, vmid, gpus):
-        lines = "".join(
-            f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{int(vmid):08x}-0000-4000-8000-{i:012x})\\n"
-            for i in range(gpus))
-        write(os.path.join(bindir, "nvidia-smi"), "\n".join([
-            "#!/bin/sh",
-            "# testbed stand-in: lists the GPUs this CT was given (testbed_gpu_count)",
-            'case "$1" in',
-            f"  -L|--list-gpus) printf '{lines}' ;;",
-            f"  *) echo 'NVIDIA-SMI testbed stand-in: {gpus} GPUs'; printf '{lines}' ;;",
-            "esac",
-            "",
-        ]), mode=0o755)
+    def write_fake_nvidia_smi(usr_top, gpus):
+        """usr_top/bin/nvidia-smi (fake_nvidia_smi.py) and the GPU count it reads."""
+        for sub in ("bin", "share/nvidia-testbed"):
+            os.makedirs(os.path.join(usr_top, sub), mode=0o755, exist_ok=True)
+        shutil.copyfile(os.path.join(HERE, "fake_nvidia_smi.py"), os.path.join(usr_top, "bin", "nvidia-smi"))
+        os.chmod(os.path.join(usr_top, "bin", "nvidia-smi"), 0o755)
+        write(os.path.join(usr_top, "share", "nvidia-testbed", "gpu-count"), f"{gpus}\n")
 
     # -- down ------------------------------------------------------------------------
     def down(self):

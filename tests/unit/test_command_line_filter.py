@@ -9,7 +9,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from conftest import REPO, example_settings
+from testlib import REPO, example_settings
 
 sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
 from dflash_command_line import dflash_argv, dflash_env_pairs, dflash_gpus_needed  # noqa: E402

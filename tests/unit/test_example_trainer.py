@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import TRAINER
+from testlib import TRAINER
 
 SEED_ARGS = ["--target-gpus", "0,1,2,3,4", "--drafter-gpus", "5,6,7", "--epochs", "6",
              "--lr", "6e-4", "--warmup-ratio", "0.03", "--weight-decay", "0.01",

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import BIN, REPO, run_tool
+from testlib import BIN, REPO, run_tool
 
 
 def test_ansible_doc_renders_the_connection_plugin():

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from testlib import REPO
 from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch, rundir
 
 COLLECTIONS = os.path.join(REPO, "collections")

@@ -23,6 +23,15 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       workers: SIGINT ignored, they hold the GPUs too)
   DFLASH_TEST_ORPHAN_WORKERS=1        workers outlive the trainer (reparented orphans)
   DFLASH_TEST_CRASH_AT_START=1        fail right after start-up, exit status 1
+  DFLASH_TEST_CRASH_IN_PROGRESS_LINE=1  raise while formatting the first progress line (the
+                                      traceback then shows that source line, "tok/s" in it)
+  DFLASH_TEST_TEARDOWN_SECONDS=N      after an uncaught exception, stay alive N s before
+                                      exiting (as CUDA/NCCL tear down)
+  DFLASH_TEST_CHECKPOINT_ON_SIGTERM=1  SIGTERM runs the checkpoint handler too
+  DFLASH_TEST_CHECKPOINT_IN_PLACE=1   write step_N/ in place (no temporary name, no rename),
+                                      as an in-place torch.save or an HF checkpoint-N/ does
+  DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
+                                      reparented to PID 1) that holds GPU 0 until killed
 
 Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
 DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
@@ -30,6 +39,8 @@ DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU co
 
 import argparse
 import glob
+import subprocess
+import traceback
 import hashlib
 import json
 import math
@@ -178,12 +189,14 @@ def fsync_dir(path):
 
 
 def save_checkpoint(output_dir, model, state, reason):
-    """step_N/ appears complete or not at all: written as .tmp-..., then renamed."""
+    """step_N/ appears complete or not at all: written as .tmp-..., then renamed (or, with
+    DFLASH_TEST_CHECKPOINT_IN_PLACE, written where it lands)."""
     step = state["step"]
     final = os.path.join(output_dir, f"step_{step}")
     if os.path.exists(os.path.join(final, "COMPLETE")):
         return final
-    tmp = os.path.join(output_dir, f".tmp-step_{step}-{os.getpid()}")
+    in_place = os.environ.get("DFLASH_TEST_CHECKPOINT_IN_PLACE") == "1"
+    tmp = final if in_place else os.path.join(output_dir, f".tmp-step_{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     slow = float(os.environ.get("DFLASH_TEST_SLOW_CHECKPOINT_SECONDS", "0"))
@@ -203,8 +216,9 @@ def save_checkpoint(output_dir, model, state, reason):
         handle.flush()
         os.fsync(handle.fileno())
     fsync_dir(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
+    if not in_place:
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
     pointer_tmp = os.path.join(output_dir, f".latest.tmp-{os.getpid()}")
     with open(pointer_tmp, "w", encoding="utf-8") as handle:
         handle.write(f"step_{step}\n")
@@ -259,6 +273,21 @@ def stop_workers(pids):
             pass
 
 
+def start_setsid_helper():
+    """A helper in a session of its own (setsid -f: double-forked, reparented to PID 1) that
+    holds GPU 0, as a launcher's watchdog or a profiler might; it inherits the environment."""
+    code = ("import os, time\n"
+            "held = open('/dev/nvidia0', 'rb') if os.path.exists('/dev/nvidia0') else None\n"
+            "time.sleep(3600)\n")
+    subprocess.run(["setsid", "-f", sys.executable, "-c", code, "dflash-helper"],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=True)
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def block_in_c(seconds, calibration):
     """One long C-level call (think NCCL all-reduce): Python signal handlers wait."""
     if seconds > 0:
@@ -278,6 +307,8 @@ def train(args):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if env.get("DFLASH_TEST_IGNORE_SIGTERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif env.get("DFLASH_TEST_CHECKPOINT_ON_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, interrupt)
     os.makedirs(args.output_dir, exist_ok=True)
     log(f"DFlash trainer pid={os.getpid()} target_gpus={args.target_gpus} "
         f"drafter_gpus={args.drafter_gpus} output_dir={args.output_dir} tag={args.tag!r} "
@@ -303,6 +334,9 @@ def train(args):
     calibration = calibrate_c_call() if block_seconds > 0 else 0.0
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
                             env.get("DFLASH_TEST_ORPHAN_WORKERS") == "1")
+    if env.get("DFLASH_TEST_SETSID_HELPER") == "1":
+        start_setsid_helper()
+    crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"
     total_steps = args.epochs * args.steps_per_epoch
     warmup = max(1, int(total_steps * args.warmup_ratio))
     window_tokens, window_start = 0, time.perf_counter()
@@ -336,16 +370,17 @@ def train(args):
                 stages = " ".join(f"{k} {1000 * v / args.profile_interval:.2f}ms"
                                   for k, v in timings.items())
                 log(f"step {state['step']} epoch {state['epoch']} loss {loss:.4f} "
-                    f"tok/s {window_tokens / max(elapsed, 1e-9):.1f} | {stages}")
+                    f"tok/s {window_tokens / (0 if crash_in_progress else max(elapsed, 1e-9)):.1f} | {stages}")
                 window_tokens, window_start = 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
             spare = step_seconds - (time.perf_counter() - began)
             if spare > 0:
                 time.sleep(spare)
     except KeyboardInterrupt:
+        # workers first, as a DataLoader's are shut down while the exception unwinds
+        stop_workers(workers)
         log(f"KeyboardInterrupt at step {state['step']}: saving checkpoint")
         save_checkpoint(args.output_dir, model, state, "interrupt")
-        stop_workers(workers)
         return EXIT_INTERRUPTED
     save_checkpoint(args.output_dir, model, state, "final")
     stop_workers(workers)
@@ -354,7 +389,14 @@ def train(args):
 
 
 def main(argv=None):
-    return train(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return train(args)
+    except Exception:  # noqa: BLE001 - the traceback is printed, then the teardown is waited out
+        traceback.print_exc()
+        sys.stderr.flush()
+        time.sleep(float(os.environ.get("DFLASH_TEST_TEARDOWN_SECONDS", "0")))
+        return 1
 
 
 if __name__ == "__main__":

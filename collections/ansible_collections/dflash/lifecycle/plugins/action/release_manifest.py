@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils.releases import ReleaseError
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import release_archive
 
 ARGUMENT_SPEC = {
     "src": {"type": "path"},
@@ -15,7 +16,7 @@ ARGUMENT_SPEC = {
     "git_ref": {"type": "str", "default": "HEAD"},
     "include": {"type": "list", "elements": "str", "default": ["*"]},
     "exclude": {"type": "list", "elements": "str", "default": ["__pycache__/*", "*.pyc", ".git/*"]},
-    "archive_dir": {"type": "path", "required": True},
+    "archive_dir": {"type": "path"},
 }
 
 
@@ -28,7 +29,9 @@ class ActionModule(ActionBase):
         _spec, params = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC, required_one_of=[("src", "git_repo")])
         try:
-            result.update(releases.build_release(params))
-        except releases.ReleaseError as err:
+            result.update(release_archive.build_release(
+                params["src"], params["include"], params["exclude"], params["archive_dir"],
+                params["git_repo"], params["git_ref"]))
+        except (ReleaseError, OSError) as err:
             return dict(result, failed=True, msg=str(err))
         return dict(result, changed=False)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, target_set, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
 
 ADOPT_WAIT_SLICE_SECONDS = 3600  # the wait has no bound; the stop's own ladder bounds it
@@ -34,18 +35,18 @@ def _result_file(state_dir, name):
 def running_worker(state_dir, name):
     """The worker of this name (a Process) while it still runs, else None."""
     try:
-        entry = staged_stop.read_pidfile(_worker_file(state_dir, name))
-    except staged_stop.InvalidParameter:
+        entry = trainer_finding.read_pidfile(_worker_file(state_dir, name))
+    except InvalidParameter:
         return None
-    if entry is None or entry[1] is None:
+    if entry is None or entry.starttime is None:
         return None
-    proc = proctable.read_process(entry[0])
-    return proc if proc is not None and proc.identity == entry[:2] and not proc.gone else None
+    proc = proctable.read_process(entry.pid)
+    return proc if proc is not None and proc.identity == (entry.pid, entry.starttime) and not proc.gone else None
 
 
 def _wait_gone(proc):
     """Until the process is gone, asleep in poll() on its pidfd where the kernel has them."""
-    watcher = staged_stop.Targets()
+    watcher = target_set.Targets()
     watcher.add(proc, "detached worker")
     try:
         while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS):

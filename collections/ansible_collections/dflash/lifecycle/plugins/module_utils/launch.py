@@ -2,23 +2,31 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launch of the trainer inside a CT (Python 3.8 compatible).
 
-The launch follows DESIGN.md "Launch contract": its own session, SIGINT and SIGTERM at
-their default dispositions (a background job of a non-interactive shell would inherit
-SIGINT ignored, and the graceful stop would be useless), stdin from /dev/null, output
-appended to a rotated log, and a pidfile naming the Python process itself (the wrapper
-script execs it), written without following symlinks.
+Its own session, SIGINT and SIGTERM at their default dispositions (a background job of a
+non-interactive shell would inherit SIGINT ignored, and the graceful stop would be
+useless), stdin from /dev/null, output appended to a rotated log, a run identity in its
+environment (module_utils/target_set.py: every process of the run inherits it), and a
+pidfile ``PID STARTTIME RUN_ID`` naming the Python process itself (the wrapper script
+execs it), written without following symlinks.
+
+Healthy means a real progress line (a step number and a throughput figure,
+module_utils/progress.py), no Python traceback in the new log, and the process still
+alive health_seconds after that line. A failed attempt's log is set aside as LOG.failed
+and the older logs move back, so failed attempts never rotate the last good run's log away.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
+import uuid
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, progress, proctable, trainer_finding
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import check_secure_dir, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
 TAIL_LINES = 20
 HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
@@ -30,32 +38,44 @@ class LaunchError(Exception):
         self.details = details
 
 
-# -- running trainer / busy GPUs -----------------------------------------------------------
+# -- refusals ----------------------------------------------------------------------------------
 
 def running_trainer(pidfile, pattern, proc_root="/proc"):
     """The trainer already running (by pidfile or pattern), or None."""
     table = proctable.snapshot(proc_root)
-    excluded = set(proctable.ancestors(table, os.getpid()))
-    main, _found = staged_stop.find_trainer({"pidfile": pidfile, "pattern": pattern,
-                                             "select": "oldest"}, table, excluded, proc_root)
+    options = StopOptions({"pidfile": pidfile, "pattern": pattern, "select": "oldest"},
+                          exclude_pids=proctable.ancestors(table, os.getpid()))
+    main, _found = trainer_finding.find_trainer(options, table, proc_root)
     return main
 
 
 def gpu_holders(device_paths, proc_root="/proc"):
+    """{device: [{pid, cmdline}]} of the processes holding a device the run needs."""
     table = proctable.snapshot(proc_root)
     busy = {}
     for path in device_paths:
-        for pid in proctable.holders_of(path, table, proc_root):
+        for pid in proctable.device_holders(path, table, proc_root):
             busy.setdefault(path, []).append({"pid": pid, "cmdline": table[pid].cmdline[:200]})
     return busy
 
 
+def free_space_short(path, min_free_gb):
+    """Why path lacks min_free_gb GiB of free space, or None when it has it."""
+    if not path or not min_free_gb:
+        return None
+    free, where = checkpoints.free_bytes(path)
+    if free >= float(min_free_gb) * 1024 ** 3:
+        return None
+    return (f"{free / 1024 ** 3:.2f} GiB free at {where}, the run needs {min_free_gb} GiB for "
+            "its checkpoints")
+
+
 # -- run files ---------------------------------------------------------------------------------
 
-def write_pidfile(path, pid, starttime):
-    """'PID STARTTIME' in a root-only directory."""
+def write_pidfile(path, pid, starttime, run_id):
+    """'PID STARTTIME RUN_ID' in a root-only directory."""
     secure_dir(os.path.dirname(path))
-    write_atomic(path, f"{pid} {starttime}\n", 0o644)
+    write_atomic(path, f"{pid} {starttime} {run_id}\n", 0o644)
 
 
 def prepare_run(params, check_mode=False):
@@ -97,14 +117,17 @@ def rotate_logs(log_file, keep):
     os.replace(log_file, f"{log_file}.1")
 
 
-def log_tail(log_file, offset=0, lines=TAIL_LINES):
-    try:
-        with open(log_file, "rb") as handle:
-            handle.seek(offset)
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
+def set_failed_log_aside(log_file, keep):
+    """The failed attempt's log becomes LOG.failed and the older logs move back one place, so
+    LOG is the last run's again. Returns where the failed log is."""
+    failed = f"{log_file}.failed"
+    if os.path.exists(log_file):
+        os.replace(log_file, failed)
+    for index in range(1, keep + 1):
+        older = f"{log_file}.{index}"
+        if os.path.exists(older):
+            os.replace(older, log_file if index == 1 else f"{log_file}.{index - 1}")
+    return failed
 
 
 # -- launch ------------------------------------------------------------------------------------
@@ -117,55 +140,84 @@ def _child_setup():
 
 
 def start(params):
-    """Start the trainer and wait until it is healthy. Returns facts about it."""
+    """Start the trainer and wait until it is healthy. Returns facts about it; LaunchError
+    when it is not healthy (its log set aside)."""
     log_file = params["log_file"]
     os.makedirs(os.path.dirname(log_file), mode=0o755, exist_ok=True)
-    rotate_logs(log_file, params.get("log_keep", 5))
+    rotate_logs(log_file, params["log_keep"])
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
-    offset = os.fstat(log_fd).st_size
+    run_id = uuid.uuid4().hex
     try:
         proc = subprocess.Popen(params["command"], cwd=params.get("cwd") or "/",
+                                env=dict(os.environ, **{RUN_ID_ENV: run_id}),
                                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                 close_fds=True, start_new_session=True, preexec_fn=_child_setup)
     finally:
         os.close(log_fd)
     me = proctable.read_process(proc.pid)
-    write_pidfile(params["pidfile"], proc.pid, me.starttime if me else 0)
-    return wait_healthy(proc, params, offset)
+    write_pidfile(params["pidfile"], proc.pid, me.starttime if me else 0, run_id)
+    try:
+        return dict(wait_healthy(proc, params), run_id=run_id)
+    except LaunchError as err:
+        err.details.update(run_id=run_id, failed_log=set_failed_log_aside(log_file, params["log_keep"]))
+        raise
 
 
-def wait_healthy(proc, params, offset):
-    regex = re.compile(params.get("health_regex") or r"tok/s")
+def wait_healthy(proc, params):
+    reader = progress.LogReader(params["step_regex"], params["throughput_patterns"])
     began = time.monotonic()
-    deadline = began + float(params.get("health_timeout", 300))
-    min_alive = float(params.get("health_seconds") or 0)
-    seen = None
+    deadline = began + float(params["health_timeout"])
+    settle = float(params["health_seconds"])
+    seen = seen_at = None
     while True:
         code = proc.poll()
-        if code is not None:
-            raise LaunchError(
-                f"the trainer (PID {proc.pid}) exited with status {code} after "
-                f"{time.monotonic() - began:.1f}s; last lines of {params['log_file']}:\n"
-                + "\n".join(log_tail(params["log_file"], offset)),
-                pid=proc.pid, exit_status=code,
-                log_tail=log_tail(params["log_file"], offset))
+        lines = progress.read_lines(params["log_file"])
+        failure = _unhealthy(proc, code, lines, began, params)
+        if failure:
+            raise failure
         if seen is None:
-            for line in log_tail(params["log_file"], offset, lines=200):
-                if regex.search(line):
-                    seen, seen_after = line, time.monotonic() - began
-                    break
-        alive_for = time.monotonic() - began
-        if seen is not None and alive_for >= min_alive:
-            figure = re.search(r"tok/s\s+([0-9.]+)", seen)
+            points = reader.progress_lines(lines)
+            if points:
+                seen, seen_at = points[0], time.monotonic()
+        now = time.monotonic()
+        if seen is not None and now - seen_at >= settle:
             # what runs, for the caller's report: the wrapper's exec made it the trainer's own argv
             return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid),
-                    "healthy_after_s": round(alive_for, 2),
-                    "first_progress_s": round(seen_after, 2), "progress_line": seen,
-                    "tokens_per_s": float(figure.group(1)) if figure else None}
-        if time.monotonic() > deadline:
+                    "healthy_after_s": round(now - began, 2),
+                    "first_progress_s": round(seen_at - began, 2), "progress_line": seen[2],
+                    "step": seen[0], "tokens_per_s": seen[1]}
+        if now > deadline:
             raise LaunchError(
-                f"the trainer (PID {proc.pid}) printed no line matching {regex.pattern!r} in "
-                f"{params.get('health_timeout', 300)}s; it is left running. Last lines:\n"
-                + "\n".join(log_tail(params["log_file"], offset)),
-                pid=proc.pid, log_tail=log_tail(params["log_file"], offset))
+                f"the trainer (PID {proc.pid}) was not healthy within {params['health_timeout']}s "
+                "(no progress line with a step number and a throughput figure, followed by "
+                f"{settle}s alive); it is still running. Last lines:\n" + "\n".join(lines[-TAIL_LINES:]),
+                pid=proc.pid, running=True, log_tail=lines[-TAIL_LINES:])
         time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _unhealthy(proc, code, lines, began, params):
+    """The LaunchError for a trainer that exited or printed a traceback, else None."""
+    if code is not None:
+        return LaunchError(
+            f"the trainer (PID {proc.pid}) exited with status {code} after "
+            f"{time.monotonic() - began:.1f}s; last lines of {params['log_file']}:\n"
+            + "\n".join(lines[-TAIL_LINES:]),
+            pid=proc.pid, exit_status=code, running=False, log_tail=lines[-TAIL_LINES:])
+    traceback = progress.traceback_in(lines)
+    if traceback:
+        try:
+            code = proc.wait(timeout=1)  # most trainers exit right after: say so when they do
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            return LaunchError(
+                f"the trainer (PID {proc.pid}) printed a Python traceback and exited with status "
+                f"{code} after {time.monotonic() - began:.1f}s:\n" + "\n".join(traceback[-TAIL_LINES:]),
+                pid=proc.pid, exit_status=code, running=False, traceback=traceback,
+                log_tail=lines[-TAIL_LINES:])
+        return LaunchError(
+            f"the trainer (PID {proc.pid}) printed a Python traceback after "
+            f"{time.monotonic() - began:.1f}s; it is still running (tearing down):\n"
+            + "\n".join(traceback[-TAIL_LINES:]),
+            pid=proc.pid, running=True, traceback=traceback, log_tail=lines[-TAIL_LINES:])
+    return None

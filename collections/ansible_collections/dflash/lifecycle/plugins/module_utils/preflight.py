@@ -14,7 +14,7 @@ import subprocess
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints
 
 
-def count_gpus(nvidia_smi="nvidia-smi"):
+def count_gpus(nvidia_smi):
     try:
         out = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60,
                              check=False)
@@ -24,15 +24,6 @@ def count_gpus(nvidia_smi="nvidia-smi"):
     return len(gpus), None if out.returncode == 0 else out.stderr.strip()
 
 
-def free_bytes(path):
-    """Free space where path is (or would be created)."""
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe) or "/"
-    st = os.statvfs(probe)
-    return st.f_bavail * st.f_frsize, probe
-
-
 def preflight(params):
     """Every check with its outcome; the failures name the check and what was found."""
     checks = []
@@ -40,27 +31,33 @@ def preflight(params):
     def check(name, ok, found, hint=""):
         checks.append({"check": name, "ok": bool(ok), "found": found, "hint": hint})
 
-    gpus, error = count_gpus(params.get("nvidia_smi") or "nvidia-smi")
+    gpus, error = count_gpus(params["nvidia_smi"])
     needed = params.get("gpus_needed") or 0
     check("gpus_visible", gpus >= needed and not error,
           f"{gpus} GPUs from nvidia-smi -L" + (f" ({error})" if error else ""),
           f"the run needs GPU ids up to {needed - 1}" if needed else "")
     model = params["target_model"]
-    check("target_model", os.path.isfile(os.path.join(model, "config.json")),
-          f"{model}: " + ("no config.json" if os.path.isdir(model) else "missing"),
+    has_config = os.path.isfile(os.path.join(model, "config.json"))
+    check("target_model", has_config,
+          f"{model}: " + ("config.json present" if has_config
+                          else "no config.json" if os.path.isdir(model) else "missing"),
           "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back"
           if model.startswith("/dev/shm") else "")
     data = params["data_dir"]
     entries = os.listdir(data) if os.path.isdir(data) else None
     check("data_dir", bool(entries),
           f"{data}: " + ("missing" if entries is None else f"{len(entries)} entries"))
-    free, where = free_bytes(params["output_dir"])
+    free, where = checkpoints.free_bytes(params["output_dir"])
     minimum = int(float(params.get("min_free_gb") or 0) * 1024 ** 3)
     check("output_dir_free_space", free >= minimum,
           f"{free / 1024 ** 3:.1f} GiB free at {where}",
           f"needs {params.get('min_free_gb')} GiB for checkpoints")
-    found = checkpoints.entries(params["output_dir"], params.get("checkpoint_pattern") or "step_*",
-                                checkpoints.DEFAULT_TEMP_PATTERNS)
+    script = params.get("trainer_script")
+    if script:
+        check("trainer_script", os.path.isfile(script),
+              f"{script}: " + ("present" if os.path.isfile(script) else "missing"),
+              "no release is installed: run `make push` (or `make restart`) first")
+    found = checkpoints.entries(params["output_dir"], params["checkpoint_pattern"])
     return {"checks": checks, "gpu_count": gpus,
             "checkpoint_present": any(e["complete"] for e in found.values()),
             "failed_checks": [c for c in checks if not c["ok"]]}

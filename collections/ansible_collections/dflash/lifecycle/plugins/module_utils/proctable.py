@@ -160,9 +160,10 @@ def alive(identity, proc_root="/proc"):
     return proc is not None and proc.starttime == identity[1] and not proc.gone
 
 
-def holders_of(device_glob, table, proc_root="/proc"):
-    """PIDs with an open file descriptor on a path matching device_glob."""
-    holders = []
+def device_holders(device_glob, table, proc_root="/proc"):
+    """{pid: [device, ...]}: the processes with an open file descriptor on a path matching
+    device_glob, and which ones they hold."""
+    holders = {}
     for pid in table:
         fd_dir = os.path.join(proc_root, str(pid), "fd")
         try:
@@ -174,10 +175,38 @@ def holders_of(device_glob, table, proc_root="/proc"):
                 target = os.readlink(os.path.join(fd_dir, fd))
             except OSError:
                 continue
-            if fnmatch.fnmatch(target, device_glob):
-                holders.append(pid)
-                break
-    return holders
+            if fnmatch.fnmatch(target, device_glob) and target not in holders.get(pid, []):
+                holders.setdefault(pid, []).append(target)
+    return {pid: sorted(devices) for pid, devices in holders.items()}
+
+
+def read_environ(pid, proc_root="/proc"):
+    """The environment the process was started with (/proc/PID/environ); {} when it is gone
+    or unreadable. Children inherit it through fork and exec, so a variable set at a launch
+    marks every process of that launch."""
+    try:
+        raw = _read(os.path.join(proc_root, str(pid), "environ"), "rb")
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {key.decode("utf-8", "replace"): value.decode("utf-8", "replace")
+            for key, _sep, value in pairs}
+
+
+def read_cwd(pid, proc_root="/proc"):
+    """The working directory of the process (/proc/PID/cwd), or None."""
+    try:
+        return os.readlink(os.path.join(proc_root, str(pid), "cwd"))
+    except OSError:
+        return None
+
+
+def read_exe(pid, proc_root="/proc"):
+    """The executable the process runs (/proc/PID/exe), or None."""
+    try:
+        return os.readlink(os.path.join(proc_root, str(pid), "exe"))
+    except OSError:
+        return None
 
 
 def threads_report(pid, proc_root="/proc"):

@@ -1,32 +1,38 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Content-addressed releases of the trainer code.
+"""Content-addressed releases of the trainer code, the CT half (Python 3.8 compatible).
 
-Controller side: build the manifest (path, mode, sha256 of every selected file) and one
-tar archive of it.  Target side (inside the CT): install an archive as
-``<base>/releases/<hash>/`` -- unpacked under a temporary name, every file checked
-against the controller's manifest, every .py compiled by the CT's own python, then
-renamed into place, so a half-pushed release is never visible as complete -- and switch
-``<base>/current`` (with ``<base>/previous`` for rollback) by atomic symlink renames.
-Python 3.8 compatible: the target side runs on the CT's interpreter.
+``<base>/releases/<id>/`` holds one release and its manifest (``.dflash-release.json``:
+every file's mode and sha256); ``<base>/current`` and ``<base>/previous`` are symlinks into
+``releases/``. An archive from the controller (plugin_utils/release_archive.py) is unpacked
+under a temporary name, every file checked against the manifest, every .py compiled by the
+CT's own python, then renamed into place: a half-pushed release is never visible.
+
+A release whose files no longer match its manifest has drifted: a file changed, added or
+removed in place (an editor, ``cat >`` or ``pct push`` through the legacy path
+``/root/train_dflash_pipeline.py``, which links into ``current``). Every read of the installed
+releases verifies them by checksum, so a drifted release is never reported as installed;
+reinstalling it sets the drifted tree aside as ``releases/.drifted-<id>-<time>/`` (the edit is
+kept, never deleted) and unpacks the release afresh.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
-import io
 import json
 import os
 import py_compile
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
 
 META = ".dflash-release.json"
 TMP_PREFIX = ".tmp-"
+DRIFTED_PREFIX = ".drifted-"
+# written by Python itself next to imported modules: not part of a release, not drift
+IGNORED_DIRS = ("__pycache__",)
+LAUNCH_FAILURES = "launch-failures.json"
 
 
 class ReleaseError(Exception):
@@ -39,104 +45,6 @@ def sha256_file(path):
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _selected(rel, include, exclude):
-    def hit(patterns):
-        return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(os.path.basename(rel), p)
-                   for p in patterns)
-    return hit(include) and not hit(exclude)
-
-
-def build_manifest(src, include=("*",), exclude=()):
-    """{relpath: {"sha256", "mode"}} of the selected regular files under src."""
-    if not os.path.isdir(src):
-        raise ReleaseError(f"source directory {src} does not exist")
-    files = {}
-    for root, dirs, names in os.walk(src):
-        dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, src)
-            if os.path.islink(path) or not os.path.isfile(path):
-                continue
-            if _selected(rel, include, exclude):
-                mode = 0o755 if os.stat(path).st_mode & 0o111 else 0o644
-                files[rel] = {"sha256": sha256_file(path), "mode": mode}
-    if not files:
-        raise ReleaseError(f"no file of {src} matches include {list(include)} / exclude {list(exclude)}")
-    return files
-
-
-def release_id(manifest):
-    """The content hash: same files, same modes -> same release."""
-    digest = hashlib.sha256()
-    for rel in sorted(manifest):
-        digest.update(f"{rel}\0{manifest[rel]['mode']:o}\0{manifest[rel]['sha256']}\n".encode())
-    return digest.hexdigest()[:16]
-
-
-def _extract(tar, dest, members=None):
-    """The "data" filter where this Python has it (3.8.17+/3.11.4+); the manifest check
-    before extraction keeps names inside dest on older ones."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(dest, members=members, filter="data")
-    else:
-        tar.extractall(dest, members=members)
-
-
-def check_paths(manifest):
-    for rel in manifest:
-        parts = rel.split("/")
-        if rel.startswith("/") or ".." in parts or "" in parts:
-            raise ReleaseError(f"unsafe path in manifest: {rel!r}")
-
-
-def git_export(repo, ref, dest):
-    """The tree of ref in repo, written to dest (no .git)."""
-    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", ref],
-                             capture_output=True, check=False)
-    if archive.returncode != 0:
-        raise ReleaseError(f"git archive {ref} in {repo} failed: "
-                           f"{archive.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        _extract(tar, dest)
-
-
-def write_archive(src, manifest, path):
-    """One gzipped tar of the manifest's files (owner root, modes as in the manifest)."""
-    with tarfile.open(path, "w:gz", compresslevel=6) as tar:
-        for rel in sorted(manifest):
-            info = tar.gettarinfo(os.path.join(src, rel), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            info.mode = manifest[rel]["mode"]
-            with open(os.path.join(src, rel), "rb") as handle:
-                tar.addfile(info, handle)
-    return sha256_file(path)
-
-
-# -- target side ------------------------------------------------------------------------------
-
-def build_release(params):
-    """On the controller: the manifest and archive of the source tree (or a git ref of it)."""
-    export = None
-    try:
-        src = params["src"]
-        if params.get("git_repo"):
-            export = tempfile.mkdtemp(prefix="dflash-git-")
-            git_export(params["git_repo"], params.get("git_ref") or "HEAD", export)
-            src = export
-        manifest = build_manifest(src, params["include"], params["exclude"])
-        release = release_id(manifest)
-        os.makedirs(params["archive_dir"], mode=0o700, exist_ok=True)
-        archive = os.path.join(params["archive_dir"], f"{release}.tar.gz")
-        archive_sha256 = write_archive(src, manifest, archive)
-    finally:
-        if export:
-            shutil.rmtree(export, ignore_errors=True)
-    return {"release": release, "files": manifest, "archive": archive,
-            "archive_sha256": archive_sha256, "archive_bytes": os.path.getsize(archive)}
 
 
 def releases_dir(base):
@@ -158,30 +66,78 @@ def link_target(path):
         return None
 
 
+def check_paths(manifest):
+    for rel in manifest:
+        parts = rel.split("/")
+        if rel.startswith("/") or ".." in parts or "" in parts or rel == META:
+            raise ReleaseError(f"unsafe path in manifest: {rel!r}")
+
+
+def verify(path, manifest):
+    """Drift of the release tree at path against its manifest: files modified (content or
+    mode), added and removed. Empty lists when it matches."""
+    found = set()
+    for root, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in IGNORED_DIRS)
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), path)
+            if rel != META:
+                found.add(rel)
+    modified = []
+    for rel in sorted(found & set(manifest)):
+        full = os.path.join(path, rel)
+        try:
+            mode = os.lstat(full).st_mode & 0o777
+            same = not os.path.islink(full) and sha256_file(full) == manifest[rel]["sha256"]
+        except OSError:
+            same, mode = False, None
+        if not same or mode != manifest[rel]["mode"]:
+            modified.append(rel)
+    return {"modified": modified, "added": sorted(found - set(manifest)),
+            "removed": sorted(set(manifest) - found)}
+
+
+def drifted(drift):
+    return bool(drift and (drift["modified"] or drift["added"] or drift["removed"]))
+
+
 def status(base, release=None):
-    """What is installed: releases, current, previous, and the current file list."""
+    """What is installed: releases, current, previous, the current file list, and the drift of
+    the releases that matter (current, previous and release), verified by checksum."""
     installed = []
     rdir = releases_dir(base)
     if os.path.isdir(rdir):
         for name in sorted(os.listdir(rdir)):
             meta = read_meta(os.path.join(rdir, name))
-            if not name.startswith(TMP_PREFIX) and meta is not None:
+            if not name.startswith((TMP_PREFIX, DRIFTED_PREFIX)) and meta is not None:
                 installed.append({"id": name, "installed_at": meta.get("installed_at")})
+    ids = {r["id"] for r in installed}
     current = link_target(os.path.join(base, "current"))
-    current_meta = read_meta(os.path.join(rdir, current)) if current else None
+    previous = link_target(os.path.join(base, "previous"))
+    drift = {}
+    for rid in (current, previous, release):
+        if rid in ids and rid not in drift:
+            meta = read_meta(os.path.join(rdir, rid))
+            found = verify(os.path.join(rdir, rid), meta.get("files", {}))
+            if drifted(found):
+                drift[rid] = found
+    current_meta = read_meta(os.path.join(rdir, current)) if current in ids else None
     return {
         "releases": installed,
         "current": current,
-        "previous": link_target(os.path.join(base, "previous")),
-        "present": release is not None and any(r["id"] == release for r in installed),
+        "previous": previous,
+        # installed and whole: a drifted release is not the release its id names
+        "present": release in ids and release not in drift,
+        "drift": drift,
         "current_files": sorted((current_meta or {}).get("files", {})),
         "current_manifest": (current_meta or {}).get("files", {}),
+        "launch_failures": read_launch_failures(base),
     }
 
 
 def compared(base, release, files):
     """status() with the changes from the current release to release's manifest (files), and a
-    diff of the two file lists when release is not installed yet."""
+    diff of the two file lists when release is not installed (or has drifted)."""
     state = status(base, release)
     state["changes"] = changes(state["current_manifest"], files)
     if not state["present"]:
@@ -200,71 +156,99 @@ def changes(old, new):
     }
 
 
-def _safe_members(tar, manifest):
-    names = {m.name for m in tar.getmembers() if m.isfile()}
-    unexpected = sorted(names - set(manifest))
-    missing = sorted(set(manifest) - names)
-    if unexpected or missing:
-        raise ReleaseError(f"archive does not match the manifest: unexpected {unexpected}, "
-                           f"missing {missing}")
-    for member in tar.getmembers():
-        if member.isfile():
-            yield member
+def unpack(archive, dest, manifest):
+    """The archive's regular files that the manifest names, written by us into dest: no link,
+    device or owner from the archive is ever applied (Pythons without tarfile's data filter
+    included)."""
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers() if m.isfile()}
+        unexpected, missing = sorted(set(members) - set(manifest)), sorted(set(manifest) - set(members))
+        if unexpected or missing:
+            raise ReleaseError(f"archive does not match the manifest: unexpected {unexpected}, "
+                               f"missing {missing}")
+        for rel in sorted(manifest):
+            target = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out, tar.extractfile(members[rel]) as source:
+                shutil.copyfileobj(source, out)
+            os.chmod(target, manifest[rel]["mode"])
 
 
 def compile_tree(root, manifest):
-    """py_compile every .py with this interpreter (the CT's); 'file:line: message' on error."""
+    """py_compile every .py with this interpreter (the CT's), into a private temporary
+    directory; 'file:line: message' on error."""
     errors = []
-    for rel in sorted(r for r in manifest if r.endswith(".py")):
-        path = os.path.join(root, rel)
-        try:
-            py_compile.compile(path, cfile=os.path.join(tempfile.gettempdir(), ".dflash-pyc"),
-                               doraise=True)
-        except py_compile.PyCompileError as err:
-            value = err.exc_value
-            line = getattr(value, "lineno", None) or "?"
-            message = getattr(value, "msg", None) or str(value)
-            errors.append(f"{rel}:{line}: {message}")
+    scratch = tempfile.mkdtemp(prefix="dflash-pyc-")  # 0700, ours: nobody can plant it
+    try:
+        for rel in sorted(r for r in manifest if r.endswith(".py")):
+            try:
+                py_compile.compile(os.path.join(root, rel), cfile=os.path.join(scratch, "out.pyc"),
+                                   doraise=True)
+            except py_compile.PyCompileError as err:
+                value = err.exc_value
+                line = getattr(value, "lineno", None) or "?"
+                message = getattr(value, "msg", None) or str(value)
+                errors.append(f"{rel}:{line}: {message}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return errors
 
 
+def set_aside(path, release):
+    """Move a drifted release out of the way, kept for the operator. Returns where."""
+    aside = os.path.join(os.path.dirname(path), f"{DRIFTED_PREFIX}{release}-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.rename(path, aside)
+    return aside
+
+
 def install(base, release, archive, archive_sha256, manifest, keep=5):
-    """Install archive as release; returns (changed, details)."""
+    """Install archive as release; a drifted copy is set aside first. Returns (changed,
+    details)."""
     check_paths(manifest)
     rdir = releases_dir(base)
     final = os.path.join(rdir, release)
-    if read_meta(final) is not None:
-        return False, {"release": release, "path": final}
+    details = {"release": release, "path": final}
+    meta = read_meta(final)
+    if meta is not None:
+        drift = verify(final, meta.get("files", {}))
+        if not drifted(drift):
+            return False, details
+        details.update(drift=drift, drifted_copy=None)
     if not os.path.isfile(archive):
         raise ReleaseError(f"{archive} is not in the CT: the copy into the container failed "
                            "(pct push exits 0 even when it could not write the file)")
-    got = sha256_file(archive)
-    if got != archive_sha256:
-        raise ReleaseError(f"{archive} has sha256 {got}, the controller sent {archive_sha256}: "
-                           "the copy into the container is incomplete or corrupt")
-    os.makedirs(rdir, mode=0o755, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{release}-", dir=rdir)
     try:
-        with tarfile.open(archive) as tar:
-            _extract(tar, tmp, list(_safe_members(tar, manifest)))
-        for rel, entry in manifest.items():
-            if sha256_file(os.path.join(tmp, rel)) != entry["sha256"]:
-                raise ReleaseError(f"{rel}: checksum differs from the controller's")
-            os.chmod(os.path.join(tmp, rel), entry["mode"])
-        errors = compile_tree(tmp, manifest)
-        if errors:
-            raise ReleaseError("compile gate failed, nothing was changed: " + "; ".join(errors))
-        with open(os.path.join(tmp, META), "w") as handle:
-            json.dump({"id": release, "installed_at": time.time(), "files": manifest}, handle)
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        got = sha256_file(archive)
+        if got != archive_sha256:
+            raise ReleaseError(f"{archive} has sha256 {got}, the controller sent {archive_sha256}: "
+                               "the copy into the container is incomplete or corrupt")
+        os.makedirs(rdir, mode=0o755, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{release}-", dir=rdir)
+        try:
+            unpack(archive, tmp, manifest)
+            for rel, entry in manifest.items():
+                if sha256_file(os.path.join(tmp, rel)) != entry["sha256"]:
+                    raise ReleaseError(f"{rel}: checksum differs from the controller's")
+            errors = compile_tree(tmp, manifest)
+            if errors:
+                raise ReleaseError("compile gate failed, nothing was changed: " + "; ".join(errors))
+            with open(os.path.join(tmp, META), "w") as handle:
+                json.dump({"id": release, "installed_at": time.time(), "files": manifest}, handle)
+            os.chmod(tmp, 0o755)
+            if "drift" in details:
+                details["drifted_copy"] = set_aside(final, release)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except (OSError, tarfile.TarError) as err:
+        raise ReleaseError(f"install of {release} failed: {err}") from None
     finally:
-        os.unlink(archive)
-    pruned = prune(base, keep, protect={release})
-    return True, {"release": release, "path": final, "pruned": pruned}
+        if os.path.exists(archive):
+            os.unlink(archive)
+    details["pruned"] = prune(base, keep, protect={release})
+    return True, details
 
 
 def _switch_link(path, target):
@@ -275,9 +259,13 @@ def _switch_link(path, target):
     os.rename(tmp, path)  # atomic: the link is always old or new, never missing
 
 
+def _installed(base, release):
+    return read_meta(os.path.join(releases_dir(base), release)) is not None
+
+
 def activate(base, release, legacy_links=()):
     """current -> release, previous -> the former current. Returns changed."""
-    if read_meta(os.path.join(releases_dir(base), release)) is None:
+    if not _installed(base, release):
         raise ReleaseError(f"release {release} is not installed in {base}")
     current = link_target(os.path.join(base, "current"))
     changed = current != release
@@ -307,16 +295,72 @@ def switch(base, release, legacy_links=(), check_mode=False):
             "previous": link_target(os.path.join(base, "previous"))}
 
 
-def rollback(base):
-    """Swap current and previous. Returns the release now current."""
+def rollback(base, check_mode=False):
+    """Swap current and previous. Returns the release now current. Refuses a previous release
+    that is missing, has drifted, or failed to launch."""
     previous = link_target(os.path.join(base, "previous"))
     current = link_target(os.path.join(base, "current"))
-    if not previous or read_meta(os.path.join(releases_dir(base), previous)) is None:
+    if not previous or not _installed(base, previous):
         raise ReleaseError(f"no previous release to roll back to in {base}")
-    _switch_link(os.path.join(base, "current"), os.path.join("releases", previous))
-    if current:
-        _switch_link(os.path.join(base, "previous"), os.path.join("releases", current))
+    failure = read_launch_failures(base).get(previous)
+    if failure:
+        raise ReleaseError(f"previous release {previous} failed to launch ({failure['error'][:200]}); "
+                           "not rolling back to it")
+    drift = verify(os.path.join(releases_dir(base), previous),
+                   read_meta(os.path.join(releases_dir(base), previous)).get("files", {}))
+    if drifted(drift):
+        raise ReleaseError(f"previous release {previous} has drifted from its manifest ({drift}); "
+                           "not rolling back to it")
+    if not check_mode:
+        _switch_link(os.path.join(base, "current"), os.path.join("releases", previous))
+        if current:
+            _switch_link(os.path.join(base, "previous"), os.path.join("releases", current))
     return previous
+
+
+def restore(base, current, previous, check_mode=False):
+    """Point current and previous back at exactly these releases (the rescue of a failed
+    launch returns to what ran before the redeploy). Returns changed."""
+    for name, release in (("current", current), ("previous", previous)):
+        if release and not _installed(base, release):
+            raise ReleaseError(f"cannot restore {name}: release {release} is not installed in {base}")
+    changed = False
+    for name, release in (("current", current), ("previous", previous)):
+        link = os.path.join(base, name)
+        if link_target(link) == release:
+            continue
+        changed = True
+        if check_mode:
+            continue
+        if release:
+            _switch_link(link, os.path.join("releases", release))
+        elif os.path.lexists(link):
+            os.unlink(link)
+    return changed
+
+
+def read_launch_failures(base):
+    try:
+        with open(os.path.join(base, LAUNCH_FAILURES)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
+
+
+def record_launch(base, release, error=None):
+    """Remember that release failed to launch (error), or clear it after a healthy launch."""
+    failures = read_launch_failures(base)
+    if error is None and release not in failures:
+        return
+    if error is None:
+        del failures[release]
+    else:
+        failures[release] = {"error": error, "at": time.time()}
+    path = os.path.join(base, LAUNCH_FAILURES)
+    tmp = f"{path}.{TMP_PREFIX}{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(failures, handle)
+    os.rename(tmp, path)
 
 
 def prune(base, keep, protect=()):

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: release_manifest
 short_description: Content hash, file manifest and archive of the trainer code, on the controller
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Selects the trainer files from a local directory (or a git ref of a local repository), computes
     the sha256 of each and the release id (a hash of paths, modes and contents), and writes one tar
@@ -38,20 +38,33 @@ options:
     elements: str
     default: ["__pycache__/*", "*.pyc", ".git/*"]
   archive_dir:
-    description: Where to write the archive C(<release>.tar.gz) (created if missing).
+    description:
+      - Where to write the archive C(<release>.tar.gz). Must be private to the user running
+        Ansible - created C(0700) when missing; a symlink, or a directory owned by someone else
+        or open to others, is refused. The archive is created with O_EXCL and hashed through the
+        descriptor that wrote it.
+      - Default C($XDG_CACHE_HOME/dflash-lifecycle/releases), else
+        C(~/.cache/dflash-lifecycle/releases).
     type: path
-    required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
-  check_mode:
-    support: full
-    details: Works the same in check mode; the archive is a controller-side temporary file.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
   action:
     support: full
     details: Runs in the controller's Ansible process.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Works the same in check mode; the archive is a controller-side file.
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: posix
 """
 
 EXAMPLES = r"""
@@ -59,7 +72,6 @@ EXAMPLES = r"""
   dflash.lifecycle.release_manifest:
     src: ~/src/dflash
     include: ["*.py", "configs/*.yaml"]
-    archive_dir: /tmp/dflash-releases
   run_once: true
   register: trainer_manifest
 """

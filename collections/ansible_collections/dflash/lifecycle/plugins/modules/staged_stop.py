@@ -6,37 +6,49 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: staged_stop
-short_description: Stop a training process tree in stages, checkpoint first, and prove it stopped
+short_description: Stop a training run in stages, checkpoint first, and prove it stopped
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
-  - Finds the trainer (O(pidfile) first, else O(pattern) on the full command line), captures the
-    whole target set before the first signal (the process, its descendants found by walking
-    C(/proc) by PPid, its real process group and session when they are visible, optionally its
-    wrapper, and orphans holding O(device_glob)), then climbs a O(ladder) of stages.
+  - Finds the trainer (O(pidfile) first, else O(pattern) on the full command line) and holds
+    its run before the first signal, then climbs a O(ladder) of stages.
+  - The run of a trainer launched by M(dflash.lifecycle.trainer_process) is its main process,
+    its descendants and every process carrying its run identity (C(DFLASH_RUN_ID) in
+    C(/proc/PID/environ), inherited by DataLoader workers, spawn children and helpers
+    double-forked with C(setsid -f)). A trainer started by hand has no identity; its run is
+    its own tree and, with O(include_wrapper), a non-interactive shell that runs nothing else
+    (C(bash run.sh)).
+  - Never a target - an interactive or login shell, the rest of a session or process group, a
+    process with PPID 0 (attached from outside the CT by C(pct exec)), the module's own chain.
+    A GPU holder outside the run is stopped only when it is recognisably the run's leftover
+    (reparented, started after the trainer, and running the trainer's own program, or named by
+    O(leftover_pids) or O(leftover_pattern)). Every other GPU holder is listed in
+    RV(other_gpu_holders) and never signalled.
   - The default ladder is SIGINT to the main process (its KeyboardInterrupt handler writes a
     checkpoint) with a long wait, then SIGTERM to the tree, then SIGKILL to the tree. SIGCONT
     follows every signal but SIGKILL, so stopped processes can act on it.
   - Signals go to single processes identified by (PID, start time), through pidfds where the
     kernel allows; never to a process group number. Inside a container entered with
     C(pct exec) the PGID and SID are 0, and C(kill 0) would hit the caller itself.
-  - Before relying on the first stage it reads SigIgn/SigCgt of the main process and says when
-    the signal is ignored (a background launch by a non-interactive shell ignores SIGINT) or not
-    caught; an ignored signal's stage is skipped unless O(skip_ignored_stage=false).
-  - Waits without busy polling (poll() on pidfds). Stopped means every process of the set is gone;
-    zombies count as gone. The first stage's wait is extended while O(checkpoint_dir) keeps
-    changing, up to O(checkpoint_max_wait).
+  - It reads SigIgn/SigCgt of the main process. The graceful stage is the first whose signal
+    the trainer catches (SIGINT, or SIGTERM when SIGINT is ignored and SIGTERM is caught); its
+    wait is extended while O(checkpoint_dir) keeps changing, up to O(graceful_wait_cap). A stage
+    of scope V(main) whose signal is ignored is skipped unless O(skip_ignored_stage=false).
+  - Waits without busy polling (poll() on pidfds, exited ones unregistered; the checkpoint
+    directory is read at most twice a second). Stopped means every process of the set is gone;
+    zombies count as gone.
   - Before escalating past the first stage it records per-thread state and wchan of the main
     process and a C(py-spy dump) when py-spy exists (skipped for a thread in D state).
-  - Processes that survive the last stage make the task fail with a report of them.
-  - The module's own process and its ancestors are never targets (nor, with O(detach), the
-    detached process and the module's ancestors).
+  - Processes that survive the last stage make the task fail with a report of them. A stop that
+    could checkpoint but wrote no sound new checkpoint fails too (O(on_missing_checkpoint)),
+    stating the steps lost, the free space and the temporary files left (never deleted).
 options:
   pidfile:
     description:
-      - Pidfile of the trainer, C(PID) or C(PID STARTTIME) (start time in clock ticks, field 22 of
-        C(/proc/PID/stat)). A PID that now belongs to another process (start time differs, started
-        after the pidfile was written, or does not match O(pattern)) is never signalled.
+      - Pidfile of the trainer, C(PID), C(PID STARTTIME) or C(PID STARTTIME RUN_ID) (start time
+        in clock ticks, field 22 of C(/proc/PID/stat)). A PID that now belongs to another process
+        (start time differs, started after the pidfile was written, or does not match
+        O(pattern)) is never signalled.
     type: path
   pattern:
     description:
@@ -56,13 +68,15 @@ options:
     choices: [only, oldest, newest]
     default: only
   include_wrapper:
-    description: Also stop the trainer's parent (for example C(bash run.sh)).
+    description:
+      - For a trainer without a run identity, also stop its parent when that is a
+        non-interactive shell whose only child is the trainer (C(bash run.sh)).
     type: bool
     default: false
   ladder:
     description:
-      - Stages, in order. Scope V(main) signals the main process, V(group) its real process group
-        (the tree when the PGID is 0 or not visible), V(tree) the whole target set.
+      - Stages, in order. Scope V(main) signals the main process, V(group) the targets in its real
+        process group (all targets when the PGID is 0), V(tree) every target.
     type: list
     elements: dict
     default:
@@ -75,13 +89,34 @@ options:
     default: true
   device_glob:
     description:
-      - Reparented processes that started after the trainer and hold a file matching this glob
-        (a GPU) are orphans of the trainer and are stopped with it. Empty to disable.
+      - Device files of the GPUs (a glob). Their holders outside the run are reported, and the
+        run's leftovers among them are stopped. Empty to disable.
     type: str
     default: /dev/nvidia*
+  leftover_pids:
+    description: PIDs of GPU holders outside the run's tree to stop with it.
+    type: list
+    elements: int
+    default: []
+  leftover_pattern:
+    description:
+      - Regex on the command line of GPU holders outside the run's tree (reparented, started after
+        the trainer) to stop with it.
+    type: str
   checkpoint_dir:
-    description: Directory where the trainer writes checkpoints.
+    description:
+      - Directory where the trainer writes checkpoints, when its command line does not say
+        (O(checkpoint_dir_flag)).
     type: path
+  checkpoint_dir_flag:
+    description:
+      - The trainer's flag that names its checkpoint directory. Where the running trainer's own
+        command line has it (C(--output-dir /workspace/checkpoints) or C(--output-dir=...),
+        relative to its working directory), that directory is watched and verified, whatever
+        O(checkpoint_dir) says - the settings may have changed since the trainer started. Empty
+        to always use O(checkpoint_dir).
+    type: str
+    default: --output-dir
   checkpoint_pattern:
     description: Glob of checkpoint entries in O(checkpoint_dir).
     type: str
@@ -92,39 +127,55 @@ options:
         holding one is not complete.
     type: list
     elements: str
-    default: [".tmp*", "*.tmp", "*.partial", "*.incomplete"]
+    default: [".tmp*", "*.tmp", "*.tmp-*", "*.partial", "*.incomplete"]
   checkpoint_activity_window:
     description:
-      - The first stage's wait is extended while O(checkpoint_dir) changed within this many
+      - The graceful stage's wait is extended while O(checkpoint_dir) changed within this many
         seconds.
     type: float
     default: 5
-  checkpoint_max_wait:
-    description: Hard cap, in seconds, on the first stage's wait including extensions.
+  checkpoint_stable_window:
+    description:
+      - With V(wait_for_checkpoint), a new checkpoint counts as landed once the trainer's
+        C(latest) pointer names it or it has not changed for this many seconds.
+    type: float
+    default: 2
+  graceful_wait_cap:
+    description: Hard cap, in seconds, on the graceful stage's wait including extensions.
     type: float
     default: 900
+    aliases: [checkpoint_max_wait]
   require_checkpoint:
-    description: Fail when no new complete checkpoint appeared after the first signal.
+    description: Fail when no sound new checkpoint appeared, even when no signal could make one.
     type: bool
     default: false
+  on_missing_checkpoint:
+    description:
+      - When the trainer catches a ladder signal (a graceful stop was possible) but no sound new
+        checkpoint appeared in O(checkpoint_dir) - V(fail) fails the task with the steps lost,
+        the free space and the temporary files left; V(proceed) reports the same and succeeds.
+    type: str
+    choices: [fail, proceed]
+    default: fail
   no_graceful:
     description:
-      - What to do when the first stage's signal cannot make the trainer checkpoint (ignored, as
-        after a C(nohup ... &) launch, or not caught).
-      - V(wait_for_checkpoint) sends nothing until the next periodic checkpoint lands complete in
-        O(checkpoint_dir), then runs the ladder from its first stage that can end the process; it
-        waits at most 1.5x the interval between the last periodic checkpoints (or
-        O(checkpoint_wait_max)), and fails without signalling when none lands or there is no
-        such history.
+      - What to do when no ladder signal can make the trainer checkpoint (SIGINT ignored, as after
+        a C(nohup ... &) launch, and SIGTERM not caught).
+      - V(wait_for_checkpoint) sends nothing until the next periodic checkpoint has landed in
+        O(checkpoint_dir) (see O(checkpoint_stable_window)), then runs the ladder from its first
+        stage that can end the process; it waits at most 1.5x the interval between the last
+        periodic checkpoints (or O(next_checkpoint_timeout)), and fails without signalling when
+        none lands or there is no such history.
       - V(fail) fails before any signal, reporting what a stop would lose.
       - V(proceed) runs the ladder as configured.
     type: str
     choices: [wait_for_checkpoint, fail, proceed]
     default: wait_for_checkpoint
-  checkpoint_wait_max:
+  next_checkpoint_timeout:
     description: Upper bound in seconds of the V(wait_for_checkpoint) wait.
     type: float
     default: 1800
+    aliases: [checkpoint_wait_max]
   log_file:
     description: The trainer's log, to read the last step it logged (for the loss report).
     type: path
@@ -133,7 +184,9 @@ options:
     type: str
     default: \bstep (\d+)\b
   py_spy:
-    description: Path of py-spy; found on PATH when not given.
+    description: >-
+      Path of py-spy; when unset it is looked for in C(/usr/local/bin), C(/usr/bin), C(/bin) and
+      C(/root/.local/bin) (C(pct exec) runs commands with PATH=/sbin:/bin:/usr/sbin:/usr/bin).
     type: path
   py_spy_timeout:
     description: Seconds a C(py-spy dump) may take.
@@ -152,19 +205,29 @@ options:
   detach_dir:
     description:
       - Root-only directory (a real directory, not a symlink) where the detached stop leaves
-        C(stop.worker) and C(stop.result.json).
+        C(stop.worker), C(stop.progress.json) and C(stop.result.json).
     type: path
     default: /run/dflash
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
+  action:
+    support: none
+  async:
+    support: none
+    details: With O(detach) the stop already outlives a dropped connection, without polling.
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
-    details: Reports the targets, their signal dispositions and the ladder; sends nothing.
+    details: Reports the targets, the other GPU holders, the signal dispositions and the ladder; sends nothing.
   diff_mode:
     support: full
     details: The process set before and after.
   platform:
+    support: full
     platforms: posix
 notes:
   - Runs on the target (inside the container with P(dflash.lifecycle.pct#connection)); needs Linux
@@ -223,16 +286,34 @@ stopped_by:
 timeline:
   description:
     - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started.
-    - Events are C(signal) (with the PIDs it reached), C(skipped), C(wait_extended) and C(stopped).
+    - Events are C(signal) (with the PIDs it reached), C(skipped), C(checkpoint_landed),
+      C(wait_extended) and C(stopped).
   returned: always
   type: list
   elements: dict
   sample: [{event: signal, stage: 0, signal: SIGINT, scope: main, pids: [163], t: 8512.1, elapsed: 0.02}]
 targets:
-  description: The target set with roles (main, descendant, group, session, wrapper, orphan).
+  description: The target set with roles (main, descendant, run identity, wrapper, leftover).
   returned: always
   type: list
   elements: dict
+run_id:
+  description: The run identity (C(DFLASH_RUN_ID)) of the trainer, null for one started without it.
+  returned: always
+  type: str
+other_gpu_holders:
+  description: >-
+    Processes holding a O(device_glob) device that are not of the run - never signalled. Each has
+    pid, ppid, cmdline, devices and why it is not a target.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 412, ppid: 0, cmdline: nvidia-smi -l 1, devices: [/dev/nvidia5],
+            why: "attached from outside the CT (PPID 0: a pct exec session)"}]
+cpu_s:
+  description: CPU seconds the stop itself used (user and system).
+  returned: always
+  type: float
 survivors:
   description: Processes of the set still running after the last stage, with per-thread state.
   returned: always
@@ -245,16 +326,23 @@ diagnostics:
 checkpoint:
   description: >-
     Newest complete checkpoint and its age, the newest one written after the first signal
-    (C(new), C(written)), and temporary files left in the directory.
+    (C(new)), whether it is sound (C(written)) and if not why (C(doubts) - still being written
+    when the trainer was ended without its handler, a later save left unfinished, a C(latest)
+    pointer naming another), and the temporary files left in the directory with their size.
   returned: when checkpoint_dir is given
   type: dict
   sample: {dir: /workspace/checkpoints, newest: /workspace/checkpoints/step_812, newest_age_s: 0.4,
-           new: /workspace/checkpoints/step_812, written: true, temp_files_left: []}
+           new: /workspace/checkpoints/step_812, written: true, doubts: [], temp_files_left: []}
 signal_dispositions:
   description: For each ladder signal, whether the main process catches, ignores or defaults it.
   returned: when a trainer was found
   type: dict
   sample: {SIGINT: caught, SIGTERM: default, SIGKILL: default}
+checkpoint_dir_source:
+  description: Where the checkpoint directory came from - the trainer's own flag, or O(checkpoint_dir).
+  returned: when a trainer was found
+  type: str
+  sample: the trainer's --output-dir
 found:
   description: How the trainer was found (pidfile or pattern) and why a pidfile was rejected.
   returned: always
@@ -266,14 +354,18 @@ notes:
   elements: str
   sample: ["SIGINT is ignored by PID 8 (SigIgn): its handler cannot run, so it cannot checkpoint on this signal"]
 graceful_possible:
-  description: Whether the first stage's signal is caught (and not ignored) by the main process.
+  description: Whether a ladder signal reaches a handler of the main process before one ends it.
   returned: when a trainer was found
   type: bool
+graceful_stage:
+  description: Index in the ladder of the stage whose signal the trainer catches, or null.
+  returned: when a trainer was found
+  type: int
 graceful_reason:
   description: The same in plain words, with the other signals' dispositions.
   returned: when a trainer was found
   type: str
-  sample: SIGINT is ignored by PID 8, as after a background launch (nohup/&), SIGTERM is not caught
+  sample: "SIGINT is ignored by PID 8, as after a background launch (nohup/&); SIGTERM is not caught by PID 8: it ends it without a checkpoint"
 loss_at_start:
   description:
     - What a stop would have lost before anything was sent - newest complete checkpoint (path,
@@ -294,60 +386,32 @@ ladder:
 
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, detached, leased, proctable, rundir, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, leased, proctable, rundir, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import ARGUMENT_SPEC, InvalidParameter, StopOptions
 
 
 def main():
-    module = leased.LeasedModule(
-        argument_spec={
-            "pidfile": {"type": "path"},
-            "pattern": {"type": "str"},
-            "pid": {"type": "int"},
-            "select": {"type": "str", "choices": ["only", "oldest", "newest"], "default": "only"},
-            "include_wrapper": {"type": "bool", "default": False},
-            "ladder": {"type": "list", "elements": "dict",
-                       "default": [dict(s) for s in staged_stop.DEFAULT_LADDER]},
-            "skip_ignored_stage": {"type": "bool", "default": True},
-            "device_glob": {"type": "str", "default": "/dev/nvidia*"},
-            "checkpoint_dir": {"type": "path"},
-            "checkpoint_pattern": {"type": "str", "default": "*"},
-            "checkpoint_temp_patterns": {"type": "list", "elements": "str",
-                                         "default": list(checkpoints.DEFAULT_TEMP_PATTERNS)},
-            "checkpoint_activity_window": {"type": "float", "default": 5},
-            "checkpoint_max_wait": {"type": "float", "default": 900},
-            "require_checkpoint": {"type": "bool", "default": False},
-            "no_graceful": {"type": "str", "default": "wait_for_checkpoint",
-                            "choices": list(staged_stop.NO_GRACEFUL)},
-            "checkpoint_wait_max": {"type": "float", "default": 1800},
-            "log_file": {"type": "path"},
-            "step_regex": {"type": "str", "default": r"\bstep (\d+)\b"},
-            "py_spy": {"type": "path"},
-            "py_spy_timeout": {"type": "float", "default": 10},
-            "detach": {"type": "bool", "default": False},
-            "detach_dir": {"type": "path", "default": "/run/dflash"},
-        },
-        required_one_of=[("pidfile", "pattern")],
-        supports_check_mode=True,
-    )
-    params = dict(module.params)
+    module = leased.LeasedModule(argument_spec=ARGUMENT_SPEC, required_one_of=[("pidfile", "pattern")],
+                                 supports_check_mode=True)
+    try:
+        options = StopOptions(module.params)
+    except InvalidParameter as err:
+        module.fail_json(msg=str(err))
 
-    def stop():
+    def stop(progress=None):
         try:
-            return staged_stop.run(params, check_mode=module.check_mode)
+            return staged_stop.run(options, check_mode=module.check_mode, progress=progress)
         except staged_stop.StopFailed as err:
             return dict(err.result, failed=True)
 
     try:
-        if params["detach"] and not module.check_mode:
-            staged_stop.validate_ladder(params["ladder"])  # a bad ladder fails before the fork
+        if options.detach and not module.check_mode:
             # the detached process is no descendant of ours: keep our ancestors out of reach
-            params["exclude_pids"] = proctable.ancestors(proctable.snapshot(), os.getpid())
-            result, adopted = detached.run(stop, params["detach_dir"], "stop")
+            options.exclude_pids.update(proctable.ancestors(proctable.snapshot(), os.getpid()))
+            result, adopted = detached.run(stop, options.detach_dir, "stop")
             result["adopted"] = adopted
         else:
             result = stop()
-    except staged_stop.InvalidParameter as err:
-        module.fail_json(msg=str(err))
     except (rundir.UnsafePath, OSError) as err:
         module.fail_json(msg=f"detach_dir: {err}")
     if result.pop("failed", False):

@@ -8,12 +8,13 @@ DOCUMENTATION = r"""
 module: trainer_preflight
 short_description: Check a CT can run the DFlash trainer, in one round trip
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Runs inside the CT. Checks that C(nvidia-smi -L) lists enough GPUs, that the target model
     directory holds a C(config.json) (it usually lives in C(/dev/shm), which a CT restart
     wipes), that the data directory is not empty and that the checkpoint directory has enough
-    free space. Every failing check is named with the value found.
+    free space, and, with O(trainer_script), that the trainer to launch is installed. Every check
+    is reported with the value found; every failing one is named.
   - Also reports whether a complete checkpoint exists, for resume=auto.
 options:
   target_model:
@@ -41,9 +42,14 @@ options:
     type: str
     default: step_*
   nvidia_smi:
-    description: The nvidia-smi command.
-    type: str
-    default: nvidia-smi
+    description:
+      - The nvidia-smi command, by absolute path (the NVIDIA driver installs it in C(/usr/bin);
+        C(pct exec) runs commands with PATH=/sbin:/bin:/usr/sbin:/usr/bin).
+    type: path
+    default: /usr/bin/nvidia-smi
+  trainer_script:
+    description: The trainer script a launch would run; missing means no release is installed.
+    type: path
   release:
     description:
       - Also read the releases installed under O(release.base) and compare the current one with
@@ -64,9 +70,25 @@ options:
         description: Its manifest (path to mode and sha256), as M(dflash.lifecycle.release_manifest) returns it.
         type: dict
         required: true
+      on_drift:
+        description:
+          - When an installed release (current, previous, or this one) no longer matches its
+            manifest - V(repair) reports it (RV(release_status.drift)) and lets the push reinstall
+            this release; V(fail) fails here, listing the files, before anything is touched.
+        type: str
+        choices: [repair, fail]
+        default: repair
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
+  action:
+    support: none
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Only reads.
@@ -74,6 +96,7 @@ attributes:
     support: partial
     details: With O(release), the file list of the current release against the new one when that one is not installed yet.
   platform:
+    support: full
     platforms: posix
 """
 
@@ -109,8 +132,8 @@ checkpoint_present:
 release_status:
   description: >-
     What M(dflash.lifecycle.trainer_release) V(status) returns for O(release) - C(present),
-    C(current), C(previous), C(releases), C(current_files), C(current_manifest) and C(changes)
-    (C(added), C(removed), C(modified)).
+    C(current), C(previous), C(releases), C(drift), C(launch_failures), C(current_files),
+    C(current_manifest) and C(changes) (C(added), C(removed), C(modified)).
   returned: when O(release) is set
   type: dict
 """
@@ -127,11 +150,13 @@ def main():
             "gpus_needed": {"type": "int", "default": 0},
             "min_free_gb": {"type": "float", "default": 10},
             "checkpoint_pattern": {"type": "str", "default": "step_*"},
-            "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+            "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
+            "trainer_script": {"type": "path"},
             "release": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
                 "release": {"type": "str", "required": True},
                 "files": {"type": "dict", "required": True},
+                "on_drift": {"type": "str", "choices": ["repair", "fail"], "default": "repair"},
             }},
         },
         supports_check_mode=True,
@@ -144,6 +169,11 @@ def main():
         if diff and module._diff:
             result["diff"] = diff
     failed = result.pop("failed_checks")
+    drift = (result.get("release_status") or {}).get("drift")
+    if drift and wanted["on_drift"] == "fail":
+        module.fail_json(msg="installed releases changed in place (on_drift=fail): " + "; ".join(
+            f"{rid}: " + ", ".join(f"{kind} {', '.join(files)}" for kind, files in found.items() if files)
+            for rid, found in sorted(drift.items())) + ". Nothing was touched.", **result)
     if failed:
         module.fail_json(msg="preflight failed: " + "; ".join(
             f"{c['check']}: {c['found']}" + (f" ({c['hint']})" if c["hint"] else "")

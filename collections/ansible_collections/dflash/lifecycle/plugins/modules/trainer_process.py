@@ -8,16 +8,18 @@ DOCUMENTATION = r"""
 module: trainer_process
 short_description: Start the trainer in its own session and wait until it is healthy
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Runs inside the CT. Refuses to start when a trainer already runs (O(pidfile) alive, or a
-    process matching O(pattern)) or when a process holds one of O(device_paths) (the GPUs the run
-    needs).
+    process matching O(pattern)), when a process holds one of O(device_paths) (the GPUs the run
+    needs, each holder named), or when O(checkpoint_dir) has less than O(min_free_gb) free.
   - Starts O(command) with setsid, SIGINT/SIGTERM/SIGHUP/SIGQUIT at their default dispositions
     and an empty signal mask (so the staged stop's SIGINT reaches the trainer's KeyboardInterrupt
     handler), stdin from /dev/null, stdout and stderr appended to O(log_file) after rotating the
-    old ones. The command is expected to exec the trainer, so the pidfile (C(PID STARTTIME),
-    written with O_NOFOLLOW in a root-only directory) names the Python process itself.
+    old ones, and a new run identity C(DFLASH_RUN_ID) in its environment, which every process of
+    the run inherits (M(dflash.lifecycle.staged_stop) stops exactly those). The command is
+    expected to exec the trainer, so the pidfile (C(PID STARTTIME RUN_ID), written with
+    O_NOFOLLOW in a root-only directory) names the Python process itself.
   - Before the refusal checks it prepares the run in the same call (one round trip for the whole
     launch) - O(run_dir) must be a real directory owned by root and not writable by group or
     others (created C(0700) when missing; a symlink, even one planted to a world-writable place,
@@ -27,9 +29,12 @@ description:
   - With O(activate), once the refusal checks passed it points the release directory's
     C(current) at the given release, in the same call (see M(dflash.lifecycle.trainer_release)
     V(activate)); C(redeploy.yml) activates the pushed release this way, saving a round trip.
-  - Healthy means a log line matching O(health_regex) (the trainer ran that far) while alive,
-    and alive for at least O(health_seconds) since the start. A trainer that dies fails the task
-    with the tail of its log.
+  - Healthy means a progress line - a step number (O(step_regex)) and a throughput figure
+    (O(throughput_patterns)) - and the process still alive O(health_seconds) after it, with no
+    Python traceback in its log. A trainer that dies, or prints a traceback while it tears down,
+    fails the task with the traceback or the tail of its log. The failed attempt's log is set
+    aside as C(LOG.failed) and the older logs move back, so failed attempts never rotate the
+    last good run's log away.
 options:
   command:
     description: The argv to run, typically C([/bin/sh, <wrapper script>]).
@@ -78,7 +83,9 @@ options:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode
         only reports whether C(current) would move. A failed start leaves it switched; the result's
-        RV(activated) says whether it moved, so the caller can switch back.
+        RV(activated) says whether it moved, so the caller can switch back. A release that failed
+        to start is recorded in C(<base>/launch-failures.json) (cleared by a healthy start of it),
+        and M(dflash.lifecycle.trainer_release) never rolls back to it.
     type: dict
     suboptions:
       base:
@@ -102,16 +109,34 @@ options:
     description: Old logs kept (C(log.1) ... C(log.N)).
     type: int
     default: 5
-  health_seconds:
-    description:
-      - The least time since the start before the trainer counts as healthy. The O(health_regex)
-        line already proves it ran; raise this to watch it for longer (past a first evaluation).
+  checkpoint_dir:
+    description: Checkpoint directory; with O(min_free_gb), the free space there is checked before the start.
+    type: path
+  min_free_gb:
+    description: Free space O(checkpoint_dir) needs, in GiB; 0 skips the check.
     type: float
     default: 0
-  health_regex:
-    description: A log line proving progress.
+  health_seconds:
+    description:
+      - How long the trainer must stay alive after its first progress line to count as healthy (a
+        crash in the step after it, or CUDA/NCCL tearing down after a traceback, shows here).
+    type: float
+    default: 5
+  step_regex:
+    description: Regex whose first group is the step number of a progress line.
     type: str
-    default: tok/s
+    default: \bstep[\s:=#]*(\d+)\b
+    aliases: [health_regex]
+  throughput_patterns:
+    description:
+      - Regexes of the throughput figure, tried in order; each has a group named C(value) and may
+        have a group named C(unit) (V(K) or V(M)). The defaults read C(tok/s 14210.5),
+        C(tokens/s=14.2K), C(17021.1 tok/s) and C(14.0K tok/s).
+    type: list
+    elements: str
+    default:
+      - \btok(?:en)?s?/s\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm](?![A-Za-z]))?
+      - (?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm])?\s*tok(?:en)?s?/s\b
   health_timeout:
     description: Seconds to wait for health.
     type: float
@@ -183,7 +208,7 @@ argv:
   elements: str
   sample: [/usr/bin/python3, -u, /opt/dflash/current/train_dflash_pipeline.py, --resume]
 first_progress_s:
-  description: Seconds from the start to the first O(health_regex) line (the trainer's start-up).
+  description: Seconds from the start to the first progress line (the trainer's start-up).
   returned: success
   type: float
 healthy_after_s:
@@ -196,21 +221,44 @@ written:
   type: list
   elements: str
 progress_line:
-  description: The first log line that matched O(health_regex).
+  description: The first progress line.
   returned: success
   type: str
 tokens_per_s:
-  description: The first throughput figure (tok/s) of the run.
+  description: The throughput figure of the first progress line, in tokens per second.
   returned: success
   type: float
+step:
+  description: The step number of the first progress line.
+  returned: success
+  type: int
+run_id:
+  description: The run identity (C(DFLASH_RUN_ID)) every process of the run carries.
+  returned: when the trainer was started
+  type: str
+running:
+  description: Whether the trainer that failed its health check is still running (tearing down, or no progress in time).
+  returned: when the started trainer was not healthy
+  type: bool
+failed_log:
+  description: Where the failed attempt's log was set aside.
+  returned: when the started trainer was not healthy
+  type: str
+traceback:
+  description: The Python traceback the trainer printed.
+  returned: when the trainer printed one
+  type: list
+  elements: str
 log_tail:
-  description: Last lines of the log when the trainer died.
+  description: Last lines of the log when the trainer was not healthy.
   returned: failure
   type: list
   elements: str
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, releases, rundir
+import re
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, progress, releases, rundir
 
 
 def main():
@@ -228,8 +276,14 @@ def main():
             "device_paths": {"type": "list", "elements": "str", "default": []},
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
-            "health_seconds": {"type": "float", "default": 0},
-            "health_regex": {"type": "str", "default": "tok/s"},
+            "checkpoint_dir": {"type": "path"},
+            "min_free_gb": {"type": "float", "default": 0},
+            "health_seconds": {"type": "float", "default": 5},
+            "step_regex": {"type": "str", "default": progress.STEP_REGEX, "aliases": ["health_regex"],
+                           "deprecated_aliases": [{"name": "health_regex", "version": "0.3.0",
+                                                   "collection_name": "dflash.lifecycle"}]},
+            "throughput_patterns": {"type": "list", "elements": "str",
+                                    "default": list(progress.THROUGHPUT_PATTERNS)},
             "health_timeout": {"type": "float", "default": 300},
             "activate": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
@@ -254,6 +308,13 @@ def main():
         module.fail_json(msg="GPUs in use: " + "; ".join(
             f"{dev} held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:80]})" for h in holders)
             for dev, holders in sorted(busy.items())), busy=busy, written=written)
+    short = launch.free_space_short(params["checkpoint_dir"], params["min_free_gb"])
+    if short:
+        module.fail_json(msg=f"checkpoint_dir: {short}; nothing was started", written=written)
+    try:
+        progress.LogReader(params["step_regex"], params["throughput_patterns"])
+    except (ValueError, re.error) as err:
+        module.fail_json(msg=f"step_regex/throughput_patterns: {err}", written=written)
     done = {"written": written}
     wanted = params["activate"]
     if wanted:
@@ -267,9 +328,13 @@ def main():
     try:
         result = launch.start(params)
     except launch.LaunchError as err:
+        if wanted:  # never a rollback target again (trainer_release rollback refuses it)
+            releases.record_launch(wanted["base"], wanted["release"], str(err).splitlines()[0])
         module.fail_json(msg=str(err), **done, **err.details)
     except rundir.UnsafePath as err:
         module.fail_json(msg=f"pidfile: {err}", **done)
+    if wanted:
+        releases.record_launch(wanted["base"], wanted["release"])
     module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 

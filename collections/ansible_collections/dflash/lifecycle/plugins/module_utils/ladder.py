@@ -1,0 +1,222 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ladder: which stage can make the trainer checkpoint, and climbing it (Python 3.8
+compatible).
+
+A stage sends one signal to a scope of the target set (module_utils/target_set.py) and
+waits. The graceful stage is the first whose signal the trainer's handler catches (SigCgt):
+its wait grows while the checkpoint directory is being written, up to a cap. A stage of a
+signal the main process ignores is skipped. Before escalating past the first stage the
+main process's threads (state, wchan) and a py-spy dump are recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable, target_set
+
+NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
+# where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
+# PATH=/sbin:/bin:/usr/sbin:/usr/bin, and pip installs it to /usr/local/bin
+PY_SPY_PATH = "/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
+
+
+def assess(main, stages):
+    """How the ladder's signals meet the main process: their dispositions, the graceful stage
+    (index, or None) and the reason in plain words."""
+    dispositions = {s["signal"].name: main.disposition(s["signal"]) for s in stages}
+    words, graceful = [], None
+    for index, stage in enumerate(stages):
+        sig = stage["signal"]
+        state = "default" if sig in NEVER_CAUGHT else dispositions[sig.name]
+        if state == "caught":
+            graceful = index
+            words.append(f"{sig.name} is caught by PID {main.pid}: its handler can checkpoint")
+            break
+        if state == "ignored":
+            words.append(f"{sig.name} is ignored by PID {main.pid}"
+                         + (", as after a background launch (nohup/&)" if sig == signal.SIGINT else ""))
+            continue
+        words.append(f"{sig.name} is not caught by PID {main.pid}: it ends it without a checkpoint")
+        break
+    return dispositions, graceful, "; ".join(words)
+
+
+def diagnostics(main_ident, options, proc_root):
+    """Threads (state, wchan) and a py-spy dump of the main process."""
+    pid = main_ident[0]
+    threads = proctable.threads_report(pid, proc_root)
+    report = {"pid": pid, "threads": threads, "py_spy": None}
+    py_spy = options.py_spy or shutil.which("py-spy", path=PY_SPY_PATH)
+    if not py_spy:
+        report["py_spy"] = f"py-spy not found (py_spy option unset, not in {PY_SPY_PATH})"
+        return report
+    if any(t["state"] == "D" for t in threads):
+        # ptrace on an uninterruptible task would hang py-spy itself
+        report["py_spy"] = "skipped: a thread is in D state"
+        return report
+    try:
+        out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+                             text=True, timeout=options.py_spy_timeout, check=False)
+        report["py_spy"] = (out.stdout + out.stderr).strip()[-8000:]
+    except subprocess.TimeoutExpired:
+        report["py_spy"] = "py-spy dump timed out"
+    except OSError as err:
+        report["py_spy"] = f"py-spy failed: {err}"
+    return report
+
+
+class Climb:
+    """One climb of the ladder for one run; events go to result["timeline"]."""
+
+    def __init__(self, options, main, targets, scope, directory, result, started, progress=None):
+        self.options = options
+        self.main = main
+        self.targets = targets
+        self.scope = scope
+        self.directory = directory
+        self.result = result
+        self.started = started
+        self.progress = progress or (lambda **fields: None)
+        self.activity = None
+        self.ending = None  # (recently written, fingerprint) when an uncaught signal first hit main
+
+    def event(self, **fields):
+        now = time.monotonic()
+        fields.update(t=round(now, 6), elapsed=round(now - self.started, 3))
+        self.result["timeline"].append(fields)
+
+    def members(self, stage):
+        """Identities one stage signals."""
+        ident = self.main.identity
+        if stage["scope"] == "main":
+            return [ident] if proctable.alive(ident, self.targets.proc_root) else []
+        alive = self.targets.alive()
+        if stage["scope"] == "group" and self.main.pgid > 1:
+            return [i for i in alive if self.targets.members[i]["proc"].pgid == self.main.pgid]
+        return alive
+
+    def refresh(self):
+        """New members of the run since the last look: forked children, carriers of the
+        identity, leftovers. Returns the snapshot's device holders."""
+        table = proctable.snapshot(self.targets.proc_root)
+        holders = target_set.device_holders(self.options, table, self.targets.proc_root)
+        self.scope.collect(self.targets, table, holders)
+        return table, holders
+
+    def run(self):
+        """Climb until the set is gone. Returns (stopped_by or None, ended mid-write)."""
+        dispositions = self.result["signal_dispositions"]
+        graceful = self.result["graceful_stage"]
+        proc_root = self.targets.proc_root
+        for index, stage in enumerate(self.options.stages):
+            name = stage["signal"].name
+            if (stage["scope"] == "main" and self.options.skip_ignored_stage
+                    and dispositions.get(name) == "ignored"):
+                self.event(event="skipped", stage=index, signal=name,
+                           reason=f"{name} is ignored by PID {self.main.pid}")
+                continue
+            main_alive = proctable.alive(self.main.identity, proc_root)
+            if index > 0 and self.result["diagnostics"] is None and main_alive:
+                self.result["diagnostics"] = diagnostics(self.main.identity, self.options, proc_root)
+            self.refresh()
+            chosen = self.members(stage)
+            if (self.ending is None and main_alive and self.main.identity in chosen
+                    and (stage["signal"] in NEVER_CAUGHT or dispositions.get(name) != "caught")):
+                recent = self.activity is not None and self.activity.recent(time.monotonic())
+                self.ending = (recent, checkpoints.fingerprint(self.directory.path)
+                               if self.directory.path else None)
+            sent = [ident[0] for ident in chosen if self.targets.send(ident, stage["signal"])]
+            if stage["signal"] != signal.SIGKILL:
+                for ident in chosen:  # a stopped (T) process must run to act on the signal
+                    self.targets.send(ident, signal.SIGCONT)
+            self.event(event="signal", stage=index, signal=name, scope=stage["scope"], pids=sorted(sent))
+            if not self.wait(stage, index, index == graceful):
+                self.refresh()  # children or leftovers that surfaced meanwhile keep us going
+                if not self.targets.alive():
+                    self.event(event="stopped", stage=index, signal=name)
+                    return {"stage": index, "signal": name, "scope": stage["scope"]}, self.ended_mid_write()
+        return None, self.ended_mid_write()
+
+    def ended_mid_write(self):
+        if self.ending is None or not self.directory.path:
+            return False
+        recent, before = self.ending
+        return recent or checkpoints.fingerprint(self.directory.path) != before
+
+    def wait(self, stage, index, graceful):
+        """Wait for the set to go; the graceful stage waits longer while the checkpoint
+        directory is being written, up to graceful_wait_cap. Returns who still runs."""
+        base = stage["wait"]
+        if not graceful or not self.directory.path:
+            return self.targets.wait_gone(self.targets.alive(), base, on_tick=self.tick_reporter(index, base))
+        began = time.monotonic()
+        cap_at = began + max(base, float(self.options.graceful_wait_cap))
+        self.activity = checkpoints.Activity(self.directory.path, self.options.checkpoint_activity_window)
+        extended = [0.0]
+        report = self.tick_reporter(index, base)
+
+        def on_tick(now, final):
+            self.activity.sample(now, force=final)
+            report(now, final)
+            if not final or not self.activity.recent(now) or now >= cap_at:
+                return 0.0
+            extra = min(self.activity.window, cap_at - now)
+            extended[0] += extra
+            return extra
+
+        remaining = self.targets.wait_gone(self.targets.alive(), base, on_tick=on_tick)
+        if extended[0]:
+            self.event(event="wait_extended", stage=index, by=round(extended[0], 3),
+                       reason=f"{self.directory.path} was still being written")
+        return remaining
+
+    def tick_reporter(self, index, bound):
+        stage = self.options.stages[index]
+        began = time.monotonic()
+
+        def report(now, final):
+            self.progress(stage=index + 1, signal=stage["signal"].name, elapsed=round(now - began, 1),
+                          bound=bound, running=len(self.targets.alive()))
+            return 0.0
+
+        return report
+
+
+def wait_for_next_checkpoint(options, directory, before, main_ident, result, climb):
+    """Send nothing until a new periodic checkpoint is settled (module_utils/checkpoints.py),
+    then return; raise StopRefused when none lands within 1.5x the observed interval (or
+    next_checkpoint_timeout)."""
+    interval = result["loss_at_start"]["checkpoint_interval_s"]
+    loss_words = checkpoints.describe_loss(result["loss_at_start"])
+    if interval is None:
+        raise StopRefused(
+            f"{result['graceful_reason']}; and {options.checkpoint_dir or 'no checkpoint_dir'}"
+            " shows no periodic checkpoint history to wait for. Nothing was signalled. "
+            f"{loss_words}. To stop anyway: no_graceful=proceed.")
+    bound = min(1.5 * interval, float(options.next_checkpoint_timeout))
+    began = time.monotonic()
+    while time.monotonic() - began < bound:
+        if not proctable.alive(main_ident):
+            return
+        name = directory.settled(before)
+        if name is not None:
+            climb.event(event="checkpoint_landed", path=os.path.join(directory.path, name),
+                        waited=round(time.monotonic() - began, 3))
+            return
+        climb.progress(stage=0, signal="none (waiting for the next periodic checkpoint)",
+                       elapsed=round(time.monotonic() - began, 1), bound=round(bound, 1), running=1)
+        time.sleep(0.2)
+    raise StopRefused(
+        f"{result['graceful_reason']}; no new periodic checkpoint landed within {bound:.0f}s "
+        f"(1.5x the observed interval of {interval}s). Nothing was signalled. "
+        f"{checkpoints.describe_loss(directory.loss())}. To stop anyway: no_graceful=proceed.")
+
+
+class StopRefused(Exception):
+    """The stop refused to signal anything; the message says why and what a stop loses."""

@@ -1,0 +1,127 @@
+"""module_utils/staged_stop.py: the steps in order, on a fake /proc and on real processes."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+
+FAST = [{"signal": "SIGINT", "scope": "main", "wait": 10}, {"signal": "SIGKILL", "scope": "tree", "wait": 5}]
+
+
+def test_ambiguity_fails_before_any_signal(fake):
+    fake.add(6, "python3", 1, cmdline="python3 train.py --a")
+    fake.add(9, "python3", 1, cmdline="python3 train.py --b")
+    with pytest.raises(staged_stop.StopFailed) as caught:
+        staged_stop.run({"pattern": "train[.]py"}, proc_root=fake.path)
+    assert [m["pid"] for m in caught.value.result["matches"]] == [6, 9]
+    assert caught.value.result["timeline"] == []
+
+
+def test_check_mode_reports_targets_others_and_ladder(fake):
+    fake.add(6, "python3", 1, cmdline="python3 train.py", sig_cgt=1 << 1)
+    fake.add(7, "python3", 6, cmdline="python3 train.py")
+    fake.add(8, "nvidia-smi", 0, cmdline="nvidia-smi", fds=["/dev/nvidia0"])
+    result = staged_stop.run({"pattern": "train[.]py"}, proc_root=fake.path, check_mode=True)
+    assert [(t["pid"], t["role"]) for t in result["targets"]] == [(6, "main"), (7, "descendant")]
+    assert result["signal_dispositions"]["SIGINT"] == "caught" and result["graceful_stage"] == 0
+    assert [o["pid"] for o in result["other_gpu_holders"]] == [8]
+    assert "would leave other GPU holders untouched: PID 8" in result["msg"]
+    assert result["timeline"] == [] and result["stopped"] is False
+
+
+def test_a_trainer_gone_between_snapshot_and_capture_is_no_trainer_running(fake, monkeypatch):
+    fake.add(6, "python3", 1, cmdline="python3 train.py", sig_cgt=1 << 1)
+    stale = proctable.snapshot(fake.path)
+    fake.remove(6)
+    monkeypatch.setattr(proctable, "snapshot", lambda proc_root="/proc": stale)
+    result = staged_stop.run({"pattern": "train[.]py"}, proc_root=fake.path)
+    assert result["msg"] == "no trainer running (PID 6 ended before it could be held)"
+    assert result["changed"] is False and result["timeline"] == []
+
+
+@pytest.mark.parametrize("argv,cwd,expected", [
+    ("python3 t.py --output-dir /data/ck --lr 1", None, "/data/ck"),
+    ("python3 t.py --output-dir=/data/ck2", None, "/data/ck2"),
+    ("python3 t.py --output-dir ck", "/workspace", "/workspace/ck"),
+    ("python3 t.py --lr 1", None, "/settings/ck"),
+])
+def test_the_checkpoint_dir_is_the_one_the_running_trainer_writes(fake, argv, cwd, expected):
+    base = fake.add(6, "python3", 1, cmdline=argv, sig_cgt=1 << 1)
+    if cwd:
+        os.symlink(cwd, base / "cwd")
+    result = staged_stop.run({"pattern": "t[.]py", "checkpoint_dir": "/settings/ck"},
+                             proc_root=fake.path, check_mode=True)
+    assert result["checkpoint"]["dir"] == expected
+    assert result["checkpoint_dir_source"] == ("checkpoint_dir" if expected == "/settings/ck"
+                                               else "the trainer's --output-dir")
+
+
+TRAINER = textwrap.dedent("""
+    import os, signal, sys, time
+    out = sys.argv[1]
+    try:
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        if os.environ.get("FULL_DISK") != "1":
+            os.makedirs(os.path.join(out, "step_7"))
+            open(os.path.join(out, "step_7", "model.bin"), "wb").write(b"x" * 64)
+        else:
+            open(os.path.join(out, ".tmp-step_7-1"), "wb").write(b"x" * 16)
+        sys.exit(130)
+""")
+
+
+def start_trainer(tmp_path, **env):
+    script = tmp_path / "dflash_unit_trainer.py"
+    script.write_text(TRAINER)
+    (tmp_path / "ck").mkdir(exist_ok=True)
+    (tmp_path / "train.log").write_text("step 5 tok/s 1\n")
+    child = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE,
+                             env=dict(os.environ, **env), text=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+def stop_params(tmp_path, child, **params):
+    return dict({"pid": child.pid, "pattern": "dflash_unit_trainer[.]py", "ladder": FAST,
+                 "checkpoint_dir": str(tmp_path / "ck"), "checkpoint_pattern": "step_*",
+                 "log_file": str(tmp_path / "train.log"), "device_glob": ""}, **params)
+
+
+def test_a_real_trainer_stops_at_sigint_with_its_checkpoint(tmp_path):
+    child = start_trainer(tmp_path)
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    assert result["stopped_by"] == {"stage": 0, "signal": "SIGINT", "scope": "main"}
+    assert result["checkpoint"]["written"] and result["checkpoint"]["new"].endswith("step_7")
+    assert result["cpu_s"] < 1.0
+
+
+def test_a_graceful_stop_that_wrote_nothing_fails_with_the_loss(tmp_path):
+    child = start_trainer(tmp_path, FULL_DISK="1")
+    try:
+        with pytest.raises(staged_stop.StopFailed) as caught:
+            staged_stop.run(stop_params(tmp_path, child))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    msg = caught.value.result["msg"]
+    assert caught.value.result["stopped"] is True
+    assert "no new sound checkpoint" in msg and "No trainer is running" in msg
+    assert ".tmp-step_7-1 (16 bytes)" in msg and "GiB" in msg
+    assert (tmp_path / "ck" / ".tmp-step_7-1").exists()  # reported, never deleted
+    child = start_trainer(tmp_path, FULL_DISK="1")
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child, on_missing_checkpoint="proceed"))
+    finally:
+        child.kill()
+    assert result["checkpoint"]["written"] is False and result["stopped"] is True
