@@ -8,7 +8,7 @@ VENV ?= .venv
 PYTHON ?= python3
 INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
-HOST ?= all
+HOST ?=
 PYTEST_ARGS ?=
 EXTRA ?=
 
@@ -18,12 +18,20 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
 .PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping bench \
-        restart check stop start push rollback status logs
+        restart check stop start push rollback status logs host-guard host-required
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
-	@echo "  variables: INVENTORY=$(INVENTORY) HOST=$(HOST) VENV=$(VENV)"
+	@echo "  variables:"
+	@echo "    INVENTORY=$(INVENTORY)   inventory of the jobs (inventory/production for real nodes)"
+	@echo "    HOST=...                 CTs of a job: a host, group or pattern; required by restart, stop,"
+	@echo "                             start, push and rollback; status, check, ping, logs, throughput"
+	@echo "                             default to every trainer CT"
+	@echo "    NO_GRACEFUL=wait_for_checkpoint|fail|proceed   a stop when SIGINT cannot checkpoint"
+	@echo "    EXTRA='-e k=v ...'       extra ansible-playbook arguments"
+	@echo "    LINES=50                 log lines of make logs"
+	@echo "    VENV=$(VENV)"
 
 setup: host-packages venv ## install the Debian packages and the Python venv (idempotent)
 
@@ -50,8 +58,6 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) playbooks/testbed_seed.yml
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
-ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
-	$(BIN)/ansible -i $(INVENTORY) '$(HOST)' -m ansible.builtin.ping
 
 test: setup ## unit and integration tests (brings the testbed up, and down if it was not up)
 	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
@@ -64,42 +70,47 @@ bench: setup ## the benchmark tables (stop latency, push cost, redeploy cost, sc
 lint: venv ## ansible-lint (production profile)
 	$(BIN)/ansible-lint --offline --profile production
 
-# -- the jobs (HOST: a host, group or pattern; INVENTORY: inventory/production for real nodes)
-# NO_GRACEFUL=wait_for_checkpoint|fail|proceed: what a stop does when SIGINT cannot checkpoint
-PLAYBOOK := $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(HOST)' $(EXTRA) \
+# -- the jobs (HOST: a host, group or pattern of INVENTORY; inventory/production for real nodes)
+# The CTs a target works on: HOST, or every trainer CT for the read-only targets.
+CTS = $(or $(HOST),dflash_trainers)
+PLAYBOOK = $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS)' $(EXTRA) \
   $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL))
-# ansible-playbook exits 0 when a limit matches nothing; a job that touches nothing must not.
-HOST_GUARD = @$(BIN)/ansible -i $(INVENTORY) '$(HOST)' --list-hosts 2>/dev/null | grep -q 'hosts ([1-9]' \
-  || { echo "HOST=$(HOST) matches no host of $(INVENTORY)" >&2; exit 2; }
 
-restart: venv ## redeploy HOST: push, staged stop (checkpoint), activate, launch
-	$(HOST_GUARD)
+# HOST must select at least one trainer CT (dflash_trainers:&HOST): a node's name, a typo or
+# a broken inventory never becomes a job that touches nothing and exits 0, or every CT.
+host-guard: venv
+	@ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible-inventory -i $(INVENTORY) --graph > /dev/null \
+	  || { echo "INVENTORY=$(INVENTORY) cannot be read (above)" >&2; exit 2; }
+	@$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' --list-hosts 2>/dev/null | grep -q 'hosts ([1-9]' \
+	  || { echo "HOST=$(CTS) selects no trainer CT (group dflash_trainers) of $(INVENTORY)" >&2; exit 2; }
+
+# The targets that change a CT take HOST explicitly: no default reaches every CT by accident.
+host-required:
+	@test -n "$(HOST)" || { echo "HOST is required: make $(MAKECMDGOALS) HOST=<CT, group or pattern of $(INVENTORY)>" >&2; exit 2; }
+
+restart: host-required host-guard ## redeploy HOST: push, staged stop (checkpoint), activate, launch
 	$(PLAYBOOK) redeploy.yml
 
-check: venv ## dry run of the redeploy of HOST: shows the command line and the stop ladder
-	$(HOST_GUARD)
+check: host-guard ## dry run of the redeploy of HOST: changes, drift to repair, command line, stop ladder
 	$(PLAYBOOK) redeploy.yml --check --diff
 
-stop: venv ## stop the trainer of HOST, checkpoint first
-	$(HOST_GUARD)
+stop: host-required host-guard ## stop the trainer of HOST, checkpoint first
 	$(PLAYBOOK) playbooks/stop.yml
 
-start: venv ## launch the trainer of HOST (current release, preflight first)
-	$(HOST_GUARD)
+start: host-required host-guard ## launch the trainer of HOST (current release, preflight first)
 	$(PLAYBOOK) playbooks/start.yml
 
-push: venv ## push the code of HOST as a new release (not activated)
-	$(HOST_GUARD)
+push: host-required host-guard ## push the code of HOST as a new release (not activated)
 	$(PLAYBOOK) playbooks/push.yml
 
-rollback: venv ## switch HOST back to its previous release and relaunch it
-	$(HOST_GUARD)
+rollback: host-required host-guard ## switch HOST back to its previous release and relaunch it
 	$(PLAYBOOK) playbooks/rollback.yml
 
-status: venv ## per CT: running, PID, uptime, release, last tok/s, latest checkpoint
-	$(HOST_GUARD)
+status: host-guard ## per CT: running, PID, uptime, release, drift, tok/s, checkpoint, lock
 	$(PLAYBOOK) playbooks/status.yml
 
-logs: venv ## tail the trainer log of HOST (LINES=50)
-	$(BIN)/ansible -i $(INVENTORY) '$(HOST)' -m ansible.builtin.command \
-	  -a 'tail -n $(or $(LINES),50) /workspace/logs/train.log'
+logs: host-guard ## the last LINES (50) lines of the trainer log of HOST
+	$(PLAYBOOK) playbooks/logs.yml $(if $(LINES),-e logs_lines=$(LINES))
+
+ping: host-guard ## ansible.builtin.ping every CT of HOST through the pct connection
+	$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' -m ansible.builtin.ping

@@ -19,6 +19,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from testlib import LiveTestbed, testbed_mod  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import release_archive  # noqa: E402
 
 NODE, VMID, CT = "pve2", "301", "ct301"
 FILES = 200
@@ -44,10 +45,10 @@ def counted(bed, action):
 def role_push(bed, src, base):
     def action():
         bed.playbook(os.path.join(REPO, "playbooks", "push.yml"), "-l", CT, "-e",
-                     json.dumps({"trainer_code_src": src, "trainer_code_base": base}))
+                     json.dumps({"trainer_code_src": src, "trainer_run_release_base": base}))
     counts = counted(bed, action)
-    archives = sorted((os.path.join("/tmp/dflash-releases", n) for n in
-                       os.listdir("/tmp/dflash-releases")), key=os.path.getmtime)
+    store = release_archive.default_archive_dir()
+    archives = sorted((os.path.join(store, n) for n in os.listdir(store)), key=os.path.getmtime)
     counts["bytes"] = os.path.getsize(archives[-1]) if counts["push"] else 0
     return counts
 

@@ -225,7 +225,7 @@ def run(bench, tmp):
     seed = os.path.join(REPO, "playbooks", "testbed_seed.yml")
     bench.playbook(seed, "-e", "seed_hosts=dflash_trainers")
     one = "bct700"
-    bench.playbook("redeploy.yml", "-l", "dflash_trainers", "-e", "dflash_serial=8")  # releases in
+    bench.playbook("redeploy.yml", "-l", "dflash_trainers", "-e", "redeploy_serial=8")  # releases in
     src = os.path.join(tmp, "src")
     os.makedirs(src)
     shutil.copy(TRAINER, src)
@@ -275,7 +275,7 @@ def run(bench, tmp):
         rows = []
         for attempt in range(REPEAT):
             change(f"scale run {count}.{attempt}")
-            rows.append(bench.measured("redeploy.yml", "-l", ",".join(hosts), "-e", f"dflash_serial={count}",
+            rows.append(bench.measured("redeploy.yml", "-l", ",".join(hosts), "-e", f"redeploy_serial={count}",
                                        "-e", f"trainer_code_src={src}"))
         row = median(rows, key=lambda r: r["wall"])
         base = base or row

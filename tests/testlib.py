@@ -4,6 +4,7 @@ conftest of their own, and `from conftest import` could find either."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -30,15 +31,34 @@ os.environ["PATH"] = BIN + os.pathsep + os.environ["PATH"]
 os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
 
 
-RUN_VARS = os.path.join(REPO, "inventory", "production", "group_vars", "dflash_trainers", "run.yml")
+# The field's trainer as `pgrep -af train_dflash_pipeline.py` printed it, cut off after
+# "--use-soft-la" (--use-soft-labels); nothing after it was recorded.
+FIELD = ("python3 -u /root/train_dflash_pipeline.py --target-model /dev/shm/Qwen3.6-27B "
+         "--data-dir /workspace/tokenized_completions --output-dir /workspace/checkpoints "
+         "--target-gpus 0,1,2,3,4 --drafter-gpus 5,6,7 --epochs 6 --lr 6e-4 --warmup-ratio 0.04 "
+         "--weight-decay 0.01 --grad-accum 4 --grad-clip 1.0 --token-budget 49152 --max-seq-len 8192 "
+         "--max-batch-size 64 --block-size 32 --max-anchors 1024 --num-draft-layers 5 --gamma 10.0 "
+         "--noise-start 0.05 --noise-end 0.01 --noise-type uniform --use-soft-labels")
+
+RUN_VARS = os.path.join(REPO, "inventory", "testbed", "group_vars", "dflash_trainers", "run.yml")
 
 
 def example_settings():
-    """The dflash_* group_vars shipped as the example, without the prefix."""
+    """The testbed's dflash_* group_vars (the seeded example run), without the prefix."""
     import yaml
     with open(RUN_VARS, encoding="utf-8") as handle:
         group_vars = yaml.safe_load(handle)
     return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
+
+
+def task_ran(output, name):
+    """Whether the task called name ran on some host in an ansible-playbook output (a task that
+    was skipped everywhere still prints its header)."""
+    for block in output.split("\nTASK [")[1:]:
+        header, _, body = block.partition("\n")
+        if name in header and re.search(r"^(ok|changed|fatal): \[", body, re.M):
+            return True
+    return False
 
 
 def tool_env():

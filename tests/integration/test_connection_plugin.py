@@ -1,10 +1,11 @@
 """The dflash.lifecycle.pct connection plugin, through real SSH and real pct exec."""
 
 import os
+import subprocess
 
 import testinfra
 
-from testlib import BIN, REPO, run_tool
+from testlib import BIN, REPO, run_tool, tool_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CT, NODE, VMID = "ct201", "pve1", "201"
@@ -48,7 +49,13 @@ def test_stopped_ct_is_reported(testbed):
     try:
         res = testbed.ansible("ct301", "-m", "ansible.builtin.ping", check=False)
         assert res.returncode != 0
-        assert "container '301' not running!" in res.stdout + res.stderr
+        # one line that says what it is, not an SSH failure ("UNREACHABLE ... Data could not be sent")
+        assert "CT 301 on pve2 is stopped (pct status: stopped)" in res.stdout + res.stderr
+        assert "UNREACHABLE" not in res.stdout + res.stderr
+        status = subprocess.run(["make", "status", "HOST=ct301"], cwd=REPO, env=tool_env(),
+                                capture_output=True, text=True, check=False)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "ct: stopped" in status.stdout and "running: false" in status.stdout
     finally:
         testbed.ssh("pve2", "pct start 301", check=True)
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from testlib import BIN, REPO, TRAINER, tool_env
+from testlib import BIN, REPO, TRAINER, task_ran, tool_env
 from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
@@ -72,8 +72,8 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
 
     _status, output = drop_connection_mid_stop(
         ct.sh, testbed.bed.nodes[NODE]["address"],
-        [os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT, "-e", f"trainer_stop_checkpoint_dir={OUT}",
-         "-e", "trainer_stop_log_file=/workspace/train.log", *EXTRA], after_drop=not_yet_stopped)
+        [os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT, "-e", f"trainer_run_checkpoint_dir={OUT}",
+         "-e", "trainer_run_log_file=/workspace/train.log", *EXTRA], after_drop=not_yet_stopped)
     # whatever the controller saw, the stop ran to its end inside the CT
     deadline = time.monotonic() + 60
     while ct.trainer_pids():
@@ -83,7 +83,7 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     assert int(saved) >= 3  # the periodic checkpoint it waited for landed before the stop
     # a rerun converges: nothing left to stop
     rerun = testbed.playbook(os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT,
-                             "-e", f"trainer_stop_checkpoint_dir={OUT}")
+                             "-e", f"trainer_run_checkpoint_dir={OUT}")
     assert "no trainer running" in rerun.stdout and "failed=0" in rerun.stdout
 
 
@@ -96,7 +96,7 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
     but the run never gave its lock back, so a rerun is refused while the lease lasts and says
     how to take it over; taken over by name, the rerun converges."""
     out = "/workspace/ck-drop"
-    override = ["-e", json.dumps({"dflash_output_dir": out, "trainer_stop_checkpoint_dir": out})]
+    override = ["-e", json.dumps({"dflash_output_dir": out})]
     in_ct200 = functools.partial(in_ct, testbed, "pve1", 200)
     testbed.playbook(SEED, "-e", "seed_hosts=ct200")  # the model and data a launch needs
     for pid in in_ct200("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
@@ -117,9 +117,9 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
         holder = json.loads(in_ct200("cat /run/dflash/redeploy.lock").stdout)["holder"]
         refused = testbed.playbook(REDEPLOY, "-l", "ct200", *override, check=False)
         assert refused.returncode != 0 and f"CT is being redeployed by {holder}" in refused.stdout
-        assert "dflash_lock_takeover" in refused.stdout
+        assert "redeploy_lock_takeover" in refused.stdout
         rerun = testbed.playbook(REDEPLOY, "-l", "ct200", *override,
-                                 "-e", json.dumps({"dflash_lock_takeover": holder}))
+                                 "-e", json.dumps({"redeploy_lock_takeover": holder}))
         assert "failed=0" in rerun.stdout
         assert f"took over the live (lock_takeover) lock of {holder}" in rerun.stderr
         assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
@@ -155,7 +155,7 @@ def test_ct_stopped_between_push_and_launch(testbed, tmp_path):
         res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}",
                                check=False)
         assert res.returncode != 0
-        assert "container '300' not running!" in res.stdout
+        assert "CT 300 on pve2 is stopped (pct status: stopped)" in res.stdout
     finally:
         testbed.ssh("pve2", "pct start 300", check=True)
     # no half state: current untouched, no temporary release left
@@ -180,7 +180,7 @@ def test_unreachable_node_fails_its_cts_only(testbed, tmp_path):
     (inventory / "hosts.yml").write_text(hosts)
     prepare_ct300(testbed)
     res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), REDEPLOY,
-                          "-l", "ct300,ct900", "-e", "dflash_serial=2"], cwd=REPO, env=tool_env(),
+                          "-l", "ct300,ct900", "-e", "redeploy_serial=2"], cwd=REPO, env=tool_env(),
                          capture_output=True, text=True, check=False)
     assert res.returncode != 0
     assert "ct900" in res.stdout and "UNREACHABLE" in res.stdout
@@ -203,7 +203,7 @@ def test_bad_inputs_fail_clearly_and_touch_nothing(testbed, extra, message):
     res = testbed.playbook(REDEPLOY, "-l", "ct301", "-e", json.dumps(extra), check=False)
     assert res.returncode != 0 and message in res.stdout
     assert sum(c["argv"][0] == "push" for c in testbed.pct_invocations("pve2")) == pushes
-    assert "Stop the trainer in stages" not in res.stdout
+    assert not task_ran(res.stdout, "Stop the trainer in stages")
     # a CT that answered gets its summary; an unknown vmid leaves the host unreachable, which
     # Ansible takes out of the play (its recap and the error above say it)
     if "unreachable=1" in res.stdout:
@@ -216,7 +216,7 @@ def test_host_matching_nothing_is_an_error():
     res = subprocess.run(["make", "restart", "HOST=no-such-ct"], cwd=REPO, env=tool_env(),
                          capture_output=True, text=True, check=False)
     assert res.returncode != 0
-    assert "HOST=no-such-ct matches no host of inventory/testbed" in res.stderr
+    assert "HOST=no-such-ct selects no trainer CT (group dflash_trainers) of inventory/testbed" in res.stderr
 
 
 def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path):
@@ -243,3 +243,124 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
     finally:
         ct.clean()
         ct.sh(f"umount {OUT}", check=False)
+
+
+# -- the rollout's failure paths (ct300 and friends) -------------------------------------------
+
+def source(tmp_path, name, edit):
+    src = tmp_path / name
+    src.mkdir()
+    (src / "train_dflash_pipeline.py").write_text(edit(open(TRAINER, encoding="utf-8").read()))
+    return str(src)
+
+
+def links(testbed):
+    return in_ct300(testbed, "readlink /opt/dflash/current /opt/dflash/previous", check=False).stdout.split()
+
+
+def test_a_traceback_on_the_first_progress_line_fails_health_and_the_old_release_runs_again(testbed, tmp_path):
+    prepare_ct300(testbed)
+    before, old = links(testbed), in_ct300(testbed, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+    # the new release crashes while it formats its first progress line (the traceback shows that
+    # source line, "tok/s" in it) and stays alive 8 s as CUDA/NCCL would while they tear down
+    src = source(tmp_path, "traceback", lambda t: t.replace(
+        'crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"', "crash_in_progress = True").replace(
+        'time.sleep(float(os.environ.get("DFLASH_TEST_TEARDOWN_SECONDS", "0")))', "time.sleep(8)"))
+    res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}", check=False)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0
+    assert "launch failed: the trainer (PID" in out and "printed a Python traceback" in out
+    assert "ZeroDivisionError" in out
+    # the failed trainer was stopped (staged), the releases of before are back exactly, the old
+    # release runs again from the checkpoint
+    assert links(testbed) == before
+    assert re.search(r"launch failed, rolled back to \w+: PID \d+ running again", out)
+    now = in_ct300(testbed, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+    assert now != old and in_ct300(testbed, f"test -d /proc/{now}", check=False).returncode == 0
+    assert "ZeroDivisionError" not in in_ct300(testbed, "cat /workspace/logs/train.log").stdout
+    assert "ZeroDivisionError" in in_ct300(testbed, "cat /workspace/logs/train.log.failed").stdout
+
+
+def test_a_failed_launch_and_a_failed_rollback_fail_with_both_causes(testbed, tmp_path):
+    prepare_ct300(testbed)
+    before = links(testbed)
+    good_log = in_ct300(testbed, "cat /workspace/logs/train.log").stdout
+    assert "tok/s" in good_log
+    src = source(tmp_path, "v-both", lambda t: t + "\n# v-both\n")
+    # every launch crashes at start: the new release's and the rescue's relaunch of the old one
+    res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}",
+                           "-e", json.dumps({"dflash_env": {"DFLASH_TEST_CRASH_AT_START": "1"}}), check=False)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0
+    assert re.search(r"launch failed: the trainer \(PID \d+\) (printed a Python traceback and )?exited with status 1", out), out
+    assert "rollback failed: the trainer (PID" in out
+    assert "NO TRAINER IS RUNNING in this CT; newest checkpoint /workspace/checkpoints/step_" in out
+    assert "no command line: not launched" not in out and "PID None" not in out
+    assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout == ""
+    # the release that failed is neither current nor previous, and a rollback refuses it
+    assert links(testbed) == before
+    failures = json.loads(in_ct300(testbed, "cat /opt/dflash/launch-failures.json").stdout)
+    assert in_ct300(testbed, "ls -t /opt/dflash/releases").stdout.split()[0] in failures  # the new one
+    # the last good run's log is where it was, not rotated away by the failed attempts
+    log = in_ct300(testbed, "cat /workspace/logs/train.log").stdout
+    assert log.startswith(good_log) and "KeyboardInterrupt at step" in log and "crash at start" not in log
+    prepare_ct300(testbed)  # a healthy launch of it clears the record
+
+
+def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed):
+    prepare_ct300(testbed)
+    out_dir = "/workspace/ck-full"
+    in_ct300(testbed, f"kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid); mkdir -p {out_dir} && "
+                      f"mount -t tmpfs -o size=512k tmpfs {out_dir}")
+    try:
+        # a run that checkpoints there only when it is stopped (no periodic saves to race with)
+        override = ["-e", json.dumps({"dflash_output_dir": out_dir, "dflash_extra_args": ["--save-interval", "1000000"],
+                                      "trainer_run_min_free_gb": 0})]
+        testbed.playbook(REDEPLOY, "-l", "ct300", *override)
+        testbed.playbook(REDEPLOY, "-l", "ct300", *override)  # its stop writes the checkpoint it resumes from
+        assert "step_" in in_ct300(testbed, f"ls {out_dir}").stdout
+        in_ct300(testbed, f"dd if=/dev/zero of={out_dir}/filler bs=4k 2>/dev/null || true")  # the disk is full
+        res = testbed.playbook(REDEPLOY, "-l", "ct300", *override, check=False)
+        out = " ".join(res.stdout.split())
+        assert res.returncode != 0
+        assert f"stop failed: the trainer stopped, but no new sound checkpoint in {out_dir}" in out, out
+        assert re.search(r"the log is at step \d+: \d+ steps not in a checkpoint", out)
+        assert "Free space there: 0.00 GiB" in out and "Temporary files left (not deleted): .tmp-step_" in out
+        assert "NO TRAINER IS RUNNING in this CT" in out
+        assert not task_ran(res.stdout, "Start the trainer and wait until it is healthy")  # nothing relaunched
+        assert ".tmp-step_" in in_ct300(testbed, f"ls -a {out_dir}").stdout  # reported, never deleted
+    finally:
+        in_ct300(testbed, f"umount {out_dir}; rmdir {out_dir}", check=False)
+    prepare_ct300(testbed)
+
+
+def test_a_failed_ct_stops_the_rollout_after_its_batch(testbed, tmp_path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    hosts = (inventory / "hosts.yml").read_text()
+    # ct201's trainer ignores SIGINT and its stop refuses (no_graceful: fail)
+    hosts = hosts.replace("          ansible_pct_vmid: 201\n",
+                          "          ansible_pct_vmid: 201\n          trainer_stop_no_graceful: fail\n")
+    (inventory / "hosts.yml").write_text(hosts)
+    testbed.playbook(SEED, "-e", "seed_hosts=ct200,ct201")
+    prepare_ct300(testbed)
+    in201 = functools.partial(in_ct, testbed, "pve1", 201)
+    for pid in in201("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
+        in201(f"kill -KILL {pid}", check=False)
+    in201("rm -f /run/dflash/trainer.pid; cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
+          "--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir /workspace/checkpoints "
+          "--target-gpus 0,1 --drafter-gpus 2 > /workspace/logs/legacy.log 2>&1 &")
+    untouched = in_ct300(testbed, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+    res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(inventory), REDEPLOY,
+                          "-l", "ct200,ct201,ct300", "-e", "redeploy_serial=2"], cwd=REPO, env=tool_env(),
+                         capture_output=True, text=True, check=False)
+    try:
+        assert res.returncode != 0
+        recap = {line.split()[0]: line for line in res.stdout.splitlines() if " : ok=" in line}
+        assert "failed=1" in recap["ct201"] and "ct300" not in recap, res.stdout
+        out = " ".join(res.stdout.split())
+        assert "stop failed" in out and "SIGINT is ignored by PID" in out
+        assert in_ct300(testbed, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip() == untouched
+    finally:
+        for pid in in201("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
+            in201(f"kill -KILL {pid}", check=False)

@@ -6,15 +6,13 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 
 import ansible_runner
 import pytest
 
-from testlib import BIN, REPO, TRAINER, tool_env
+from testlib import BIN, REPO, TRAINER, task_ran, tool_env
 
-sys.path.insert(0, os.path.join(REPO, "filter_plugins"))
 
 CTS = {"ct200": ("pve1", "200"), "ct201": ("pve1", "201"),
        "ct300": ("pve2", "300"), "ct301": ("pve2", "301")}
@@ -76,7 +74,7 @@ def test_awx_rolling_redeploy_of_2_nodes_x_2_cts_with_a_code_change(seeded, tmp_
     pushes = pct_pushes(seeded)
     run, stats = runner(tmp_path, "dflash_trainers", {
         "trainer_code_src": src, "trainer_stop_sigint_wait": 60, "dflash_resume": "true",
-        "dflash_serial": 4, "trainer_stop_require_checkpoint": True})
+        "redeploy_serial": 4, "trainer_stop_require_checkpoint": True})
     assert run.status == "successful", run.stdout.read()
     assert sorted(stats["ok"]) == sorted(CTS) and not stats["failures"] and not stats["dark"]
     assert pct_pushes(seeded) - pushes == 4  # one archive per CT
@@ -144,21 +142,22 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     res = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", f"trainer_code_src={src}", "-e", "dflash_resume=false",
                           check=False)
     assert res.returncode != 0
-    assert "release v4 is broken" in res.stdout
-    assert "rolled back to release" in res.stdout and "running again as" in res.stdout
+    out = " ".join(res.stdout.split())  # the callback folds long lines
+    assert "release v4 is broken" in out
     assert in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout.strip() == current
     # the failed CT still gets its summary: the release it tried, how the old run stopped and
-    # the checkpoint it wrote, the release and PID running now (the callback folds long lines)
+    # the checkpoint it wrote, the release it returned to and the PID running now
     pid = trainer_pids(seeded, "ct201")
-    assert re.search(r"ct201: release \w+ \(new:\s+1\s+modified,\s+0\s+added,\s+0\s+removed\),\s+rolled\s+back\s+to\s+"
-                     + re.escape(current.split("/")[-1]) + r",\s+stopped\s+by\s+SIGINT\s+in\s+[0-9.]+s,"
-                     r"\s+checkpoint\s+/workspace/checkpoints/step_\d+,\s+PID\s+" + pid[0] + ",", res.stdout)
+    assert re.search(r"ct201: release \w+ \(new: 1 modified, 0 added, 0 removed\), stopped by SIGINT in [0-9.]+s, "
+                     r"checkpoint /workspace/checkpoints/step_\d+, launch failed, rolled back to "
+                     + re.escape(current.split("/")[-1]) + r": PID " + pid[0] + " running again", out), out
+    assert re.search(r"launch failed: the trainer \(PID \d+\) .*release v4 is broken", out)
     assert len(pid) == 1
     assert "resumed from /workspace/checkpoints/step_" in in_ct(
         seeded, "ct201", "cat /workspace/logs/train.log").stdout
     # the summary's command line is the one that runs, not the settings' (no --resume)
     assert in_ct(seeded, "ct201", f"ps -o args= -p {pid[0]}").stdout.strip().endswith(" --resume")
-    assert re.search(r"--save-interval\s+500\s+--resume\b", res.stdout), res.stdout
+    assert re.search(r"--save-interval 500 --resume\b", out), out
 
 
 def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path):
@@ -171,7 +170,7 @@ def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path
     run, stats = runner(tmp_path, "ct300", {"trainer_launch_resume": "auto"})
     assert run.status == "successful", run.stdout.read()
     preflight = next(e["event_data"]["res"] for e in run.events if e["event"] == "runner_on_ok"
-                     and e["event_data"]["task"] == "Check GPUs, model, data and disk in the CT")
+                     and e["event_data"]["task"] == "Check GPUs, model, data, disk and the installed trainer in the CT")
     assert preflight["checkpoint_present"] is False  # else this test would prove nothing
     entry = stats["artifact_data"]["dflash_redeploy"]["ct300"]
     assert entry["checkpoint"].startswith("/workspace/checkpoints/step_"), entry
@@ -206,7 +205,7 @@ def test_stale_lock_is_taken_over(seeded):
     assert "took over the expired lock of awx job 7 (bob)" in res.stderr
     assert in_ct(seeded, "ct301", "test -e /run/dflash/redeploy.lock", check=False).returncode == 1
     assert trainer_pids(seeded, "ct301") == pids  # --tags push ran the push phase only
-    assert "Stop the trainer in stages" not in res.stdout
+    assert not task_ran(res.stdout, "Stop the trainer in stages")
 
 
 def test_make_restart_touches_only_that_host(seeded):
@@ -219,3 +218,31 @@ def test_make_restart_touches_only_that_host(seeded):
     assert len(seeded.pct_invocations("pve2")) == pve2_calls  # ct300/ct301's node untouched
     assert trainer_pids(seeded, "ct200") != old
     assert {host: trainer_pids(seeded, host) for host in others} == others
+
+
+def test_a_hand_edit_through_the_legacy_path_is_found_and_repaired(seeded, tmp_path):
+    """The field's habit: write /root/train_dflash_pipeline.py by hand. It links into the current
+    release, so the edit lands there: status and check show the drift, on_drift=fail refuses
+    before anything is touched, and a redeploy repairs the release (the edit kept aside)."""
+    seeded.playbook(REDEPLOY, "-l", "ct201")  # the default source, installed and running
+    release = in_ct(seeded, "ct201", "readlink /opt/dflash/current").stdout.strip().split("/")[-1]
+    in_ct(seeded, "ct201", "echo '# edited by hand' >> /root/train_dflash_pipeline.py")
+    status = subprocess.run(["make", "status", "HOST=ct201"], cwd=REPO, env=tool_env(), capture_output=True,
+                            text=True, check=True).stdout
+    assert re.search(rf"drift:\s+{release}:\s+added: \[\]\s+modified:\s+- train_dflash_pipeline.py", status), status
+    check = subprocess.run(["make", "check", "HOST=ct201"], cwd=REPO, env=tool_env(), capture_output=True,
+                           text=True, check=False).stdout
+    assert "drifted in place: 1 modified" in " ".join(check.split())
+    old = trainer_pids(seeded, "ct201")
+    refused = seeded.playbook(REDEPLOY, "-l", "ct201", "-e", "trainer_preflight_on_drift=fail", check=False)
+    assert refused.returncode != 0
+    assert f"installed releases changed in place (on_drift=fail): {release}: modified train_dflash_pipeline.py" in refused.stdout
+    assert trainer_pids(seeded, "ct201") == old  # refused before anything was touched
+    res = seeded.playbook(REDEPLOY, "-l", "ct201")
+    assert "failed=0" in res.stdout
+    assert f"release {release} (drifted in place: 1 modified, 0 added, 0 removed, reinstalled)" in " ".join(res.stdout.split())
+    # the new trainer runs the release's own code again; the edit is kept beside it
+    assert trainer_pids(seeded, "ct201") != old
+    shipped = subprocess.run(["sha256sum"], stdin=open(TRAINER, "rb"), capture_output=True, check=True).stdout.decode()
+    assert in_ct(seeded, "ct201", "sha256sum < /root/train_dflash_pipeline.py").stdout == shipped
+    assert "edited by hand" in in_ct(seeded, "ct201", f"cat /opt/dflash/releases/.drifted-{release}-*/train_dflash_pipeline.py").stdout

@@ -40,8 +40,7 @@ def test_hostile_values_in_paths_args_env_and_file_names(testbed, tmp_path):
             "trainer_code_src": str(src),
             "dflash_output_dir": hostile_dir,
             "dflash_extra_args": ["--tag", " ".join(HOSTILE)],
-            "dflash_env": {"NOTE": HOSTILE[0], "OTHER": HOSTILE[2]},
-            "trainer_stop_checkpoint_dir": hostile_dir}))
+            "dflash_env": {"NOTE": HOSTILE[0], "OTHER": HOSTILE[2]}}))
         assert "failed=0" in res.stdout
         listing = in_ct(testbed, "ls /opt/dflash/current/").stdout
         assert all(f"{n.replace('/', '_')}.txt" in listing for n in HOSTILE)

@@ -254,9 +254,9 @@ def test_trainer_stop_role_check_mode_then_real(ct, testbed):
     ct.launch()
     pids = ct.trainer_pids()
     playbook = os.path.join(REPO, "playbooks", "stop.yml")
-    res = testbed.playbook(playbook, "-l", CT, "--check", "-e", f"trainer_stop_checkpoint_dir={OUT}")
+    res = testbed.playbook(playbook, "-l", CT, "--check", "-e", f"trainer_run_checkpoint_dir={OUT}")
     assert "would stop PID" in res.stdout and ct.trainer_pids() == pids
-    res = testbed.playbook(playbook, "-l", CT, "-e", f"trainer_stop_checkpoint_dir={OUT}",
+    res = testbed.playbook(playbook, "-l", CT, "-e", f"trainer_run_checkpoint_dir={OUT}",
                            "-e", "trainer_stop_require_checkpoint=true")
     assert "at stage 1 (SIGINT)" in res.stdout and "new checkpoint" in res.stdout
     assert ct.trainer_pids() == []

@@ -31,7 +31,7 @@ def code(testbed, tmp_path):
         return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
 
     def run(*extra, playbook=PUSH, check=True, **overrides):
-        extra_vars = {"trainer_code_src": str(src), "trainer_code_base": BASE,
+        extra_vars = {"trainer_code_src": str(src), "trainer_run_release_base": BASE,
                       "trainer_code_legacy_links": [
                           {"path": "/root/legacy_train.py", "target": "train_dflash_pipeline.py"}],
                       **overrides}
@@ -64,7 +64,7 @@ def test_first_push_then_no_change_then_one_file(code):
     assert current(code) == ""  # pushed, not activated
 
     again = code.run()
-    assert again.pushes == 0 and again.execs == 1  # one round trip into the CT
+    assert again.pushes == 0 and again.execs == 2  # the status read, and the unlock of push.yml
     assert "changed=0" in again.stdout
 
     (code.src / "helper_1.py").write_text("VALUE = 'changed'\n")
@@ -91,7 +91,7 @@ def test_activate_rollback_and_legacy_link(code, testbed):
     assert second != first
     assert code.in_ct(f"readlink {BASE}/previous").stdout.strip() == first
     try:
-        code.run(playbook=ROLLBACK, trainer_launch_script=f"{BASE}/current/train_dflash_pipeline.py")
+        code.run(playbook=ROLLBACK, trainer_run_script=f"{BASE}/current/train_dflash_pipeline.py")
         assert current(code) == first
         assert code.in_ct(f"cat {BASE}/current/helper_0.py").stdout == "VALUE = 0\n"
         relaunched = code.in_ct("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
@@ -142,7 +142,7 @@ def test_stopped_ct_fails_clearly(code, testbed):
     try:
         res = code.run(check=False)
         assert res.returncode != 0
-        assert f"container '{VMID}' not running!" in res.stdout
+        assert f"CT {VMID} on {NODE} is stopped (pct status: stopped)" in res.stdout
         assert res.pushes == 0
     finally:
         testbed.ssh(NODE, f"pct start {VMID}", check=True)

@@ -47,20 +47,20 @@ def test_the_first_call_takes_the_lock_a_later_one_renews_it_the_last_gives_it_b
     renewed = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_ttl": 600})
     assert renewed["lock"]["since"] == first["lock"]["since"]
     assert renewed["lock"]["expires"] > first["lock"]["expires"]
-    last = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_release": True})
+    last = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_unlock": True})
     assert last["lock"]["released"] is True and not os.path.exists(lock_path)
 
 
 def test_another_holder_fails_at_once_and_leaves_the_lock_alone(capsys, lock_path):
     call(capsys, {"lock_path": lock_path, "lock_holder": "awx job 42 (admin)"})
-    other = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_release": True})
+    other = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_unlock": True})
     assert other["failed"] and other["msg"].startswith("CT is being redeployed by awx job 42 (admin) since ")
     assert "lock" not in other  # it never held it, so an unlock after it must not run
     assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "awx job 42 (admin)"
 
 
 def test_a_failure_after_the_lock_was_taken_reports_it_and_keeps_it(capsys, lock_path):
-    failed = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_release": True,
+    failed = call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 1", "lock_unlock": True,
                            "fail": True})
     assert failed["failed"] and failed["msg"] == "the module's own failure"
     assert failed["lock"]["holder"] == "alice run 1" and failed["lock"]["released"] is False
@@ -79,7 +79,7 @@ def test_a_live_lock_is_taken_over_only_from_the_holder_named(capsys, lock_path)
     call(capsys, {"lock_path": lock_path, "lock_holder": "root@ctl run gone1"})  # its run died
     refused = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
     # the refusal says how to take it over, as a redeploy.yml extra var ready to paste
-    assert """-e '{"dflash_lock_takeover": "root@ctl run gone1"}'""" in refused["msg"]
+    assert """-e '{"redeploy_lock_takeover": "root@ctl run gone1"}'""" in refused["msg"]
     # naming another holder (a run that took the lock since, say) is still refused
     wrong = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": "root@ctl run old"})
     assert wrong["failed"] and json.load(open(lock_path, encoding="utf-8"))["holder"] == "root@ctl run gone1"

@@ -35,9 +35,9 @@ def test_awx_survey_variables_are_consumed():
     variables = {q["variable"] for t in data["controller_templates"]
                  for q in (t.get("survey_spec") or {}).get("spec", [])}
     assert variables == {"trainer_stop_sigint_wait", "trainer_stop_no_graceful",
-                         "dflash_resume", "dflash_serial", "dflash_lock_takeover"}
+                         "dflash_resume", "redeploy_serial", "redeploy_lock_takeover"}
     for name in variables:
-        used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks"], cwd=REPO,
+        used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks", "inventory"], cwd=REPO,
                       capture_output=True, text=True, check=False).stdout
         assert used, f"survey variable {name} is used by no playbook or role"
     for template in data["controller_templates"]:

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 name: pct
 short_description: Run tasks inside a Proxmox VE LXC container through the node's pct, over OpenSSH
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - The inventory host is the container; the plugin logs in to the Proxmox node that holds it
     with the OpenSSH client, exactly as M(ansible.builtin.ssh) does, and wraps every command in
@@ -44,6 +44,13 @@ options:
       - name: ansible_pct_executable
     env:
       - name: ANSIBLE_PCT_EXECUTABLE
+  node:
+    description:
+      - Inventory name of the node holding the container, used in messages (a stopped container
+        is reported as C(CT 200 on pve1 is stopped), not as an SSH failure).
+    type: str
+    vars:
+      - name: pve_node
 notes:
   - The node is reached at C(ansible_host); an inventory usually derives it from the node's own
     inventory entry, for example C(ansible_host={{ hostvars[pve_node]['ansible_host'] }}).
@@ -97,28 +104,27 @@ FQCN = "dflash.lifecycle.pct"
 VMID_RE = re.compile(r"^[1-9][0-9]{2,8}$")  # pve-common JSONSchema pve_verify_vmid
 
 
-def _register_options():
+def register_options():
     """Offer this plugin's options together with every option of ansible.builtin.ssh.
 
-    The plugin loader keeps option definitions under the plugin's python module
-    name and skips a name that already has them, so registering the union here,
-    at import, makes the ssh options (with their variables, ini keys and
-    environment variables) ours too, without copying ssh's documentation.
+    The plugin loader registers the options of our DOCUMENTATION under our name; the task
+    executor then passes a connection only the variables its registered options name. So
+    before the first connection is made, the union is registered under our name, and the ssh
+    options (with their variables, ini keys and environment variables) are ours too, without
+    copying ssh's documentation. Called when a connection is created, never at import: the
+    plugin can be imported (ansible-doc, ansible-test) before ssh's options are loaded.
     """
-    # Every task's worker process imports this plugin afresh. ansible-playbook has already
-    # read ssh's options under the short name "ssh" before it forks the workers; asking for
-    # "ansible.builtin.ssh" would parse ssh's long DOCUMENTATION again in each worker (about
-    # 10 ms a task). The C YAML loader, where PyYAML has it, reads our own in 0.3 ms, not 3.
+    if "use_tty" in C.config.get_configuration_definitions("connection", __name__):
+        return
+    # ansible-playbook has read ssh's options under the short name "ssh" before it forks the
+    # workers; asking for "ansible.builtin.ssh" would parse ssh's long DOCUMENTATION again in
+    # each worker (about 10 ms a task). The C YAML loader reads our own in 0.3 ms, not 3.
     ssh_class = connection_loader.get("ssh", class_only=True)
     ssh_options = C.config.get_configuration_definitions("connection", ssh_class._load_name)
     if "use_tty" not in ssh_options:
         raise AnsibleError(f"{FQCN}: could not read the options of ansible.builtin.ssh")
     own_options = yaml.load(DOCUMENTATION, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["options"]
-    C.config.initialize_plugin_configuration_definitions(
-        "connection", __name__, {**ssh_options, **own_options})
-
-
-_register_options()
+    C.config.initialize_plugin_configuration_definitions("connection", __name__, {**ssh_options, **own_options})
 
 
 def pct_exec_command(pct_executable, vmid, command):
@@ -137,6 +143,10 @@ class Connection(SSHConnection):
 
     transport = FQCN
 
+    def __init__(self, *args, **kwargs):
+        register_options()
+        super().__init__(*args, **kwargs)
+
     def set_options(self, task_keys=None, var_options=None, direct=None):
         super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
         # See DOCUMENTATION: a tty changes the process tree and merges stderr.
@@ -154,14 +164,30 @@ class Connection(SSHConnection):
     def _in_container(self, command):
         return pct_exec_command(self.get_option("pct_executable"), self.vmid, command)
 
+    def _stopped_ct(self, error):
+        """pct's exit status 255 ("container 'N' not running!") reads as an SSH failure to the ssh
+        plugin; say what it is, in one line."""
+        if f"container '{self.vmid}' not running!" not in to_text(error):
+            return error
+        where = self.get_option("node") or self._play_context.remote_addr
+        return AnsibleError(f"CT {self.vmid} on {where} is stopped (pct status: stopped); start it "
+                            f"with `pct start {self.vmid}` on the node")
+
     def exec_command(self, cmd, in_data=None, sudoable=True):
-        return super().exec_command(self._in_container(cmd), in_data=in_data, sudoable=sudoable)
+        try:
+            return super().exec_command(self._in_container(cmd), in_data=in_data, sudoable=sudoable)
+        except AnsibleConnectionFailure as err:
+            raise self._stopped_ct(err) from None
 
     def _run_in_container(self, command, in_data):
         self.host = self.get_option("host") or self._play_context.remote_addr
         ssh_cmd = self._build_command(self.get_option("ssh_executable"), "ssh", self.host,
                                       self._in_container(command))
-        return self._run(ssh_cmd, in_data, sudoable=False, checkrc=False)
+        returncode, stdout, stderr = self._run(ssh_cmd, in_data, sudoable=False, checkrc=False)
+        error = self._stopped_ct(AnsibleConnectionFailure(to_text(stderr)))
+        if returncode == 255 and not isinstance(error, AnsibleConnectionFailure):
+            raise error
+        return returncode, stdout, stderr
 
     def put_file(self, in_path, out_path):
         # ConnectionBase.put_file only logs; the ssh parent's would use sftp/scp to the node.

@@ -11,14 +11,16 @@ class ModuleDocFragment:
 options:
   lock_holder:
     description:
-      - Run this task under the per-CT redeploy lock of this holder (the lock of
+      - Run this task under the per-CT lock of this holder (the lock of
         M(dflash.lifecycle.redeploy_lock)). Before it does anything else the task takes the lock
-        or renews its lease; a lock held by another holder whose lease has not ended fails the
-        task at once, naming the holder and since when; an expired one is taken over.
-      - C(redeploy.yml) sets it for every module of the action group C(dflash.lifecycle.redeploy)
-        through C(module_defaults), so that the first task of a redeploy in the CT takes the lock,
-        every later one finds out at once if another redeploy took it over, and no task of its own
-        is needed to take it.
+        or renews its lease and records its phase there; a lock held by another holder whose
+        lease has not ended fails the task at once, naming the holder, since when, the phase it
+        last reached, and the CT's state (whether the trainer of the pidfile beside the lock runs,
+        since when, and the newest checkpoint in its C(--output-dir)); an expired one is taken over.
+      - Every playbook of the project sets it for every module of the action group
+        C(dflash.lifecycle.redeploy) through C(module_defaults) (C(trainer_run_lock)), so the first
+        task of a job in the CT takes the lock, every later one finds out at once if another job
+        took it over, and no task of its own is needed to take it.
       - Unset, the lock is neither read nor written.
       - The lock is taken and renewed in check mode too, since a dry run must not overlap a real one.
     type: str
@@ -30,16 +32,17 @@ options:
     description: Lock file.
     type: path
     default: /run/dflash/redeploy.lock
-  lock_release:
-    description: Give the lock back once this task succeeded (the last task of a redeploy).
+  lock_unlock:
+    description: Give the lock back once this task succeeded (the last task of a job in the CT).
     type: bool
     default: false
+    aliases: [lock_release]
   lock_takeover:
     description:
       - Take the lock over from this holder even though its lease has not ended, with a warning.
         For a redeploy that is gone before its lease ended (its controller lost the connection in
         the middle of the stop); the refusal names the holder to give here. A lock held by anyone
         else is still refused.
-      - C(redeploy.yml) sets it from C(dflash_lock_takeover).
+      - The playbooks set it from C(redeploy_lock_takeover).
     type: str
 """

@@ -23,9 +23,8 @@ import subprocess
 import time
 import uuid
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, progress, proctable, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, progress, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import check_secure_dir, secure_dir, write_atomic
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
 TAIL_LINES = 20
@@ -39,15 +38,6 @@ class LaunchError(Exception):
 
 
 # -- refusals ----------------------------------------------------------------------------------
-
-def running_trainer(pidfile, pattern, proc_root="/proc"):
-    """The trainer already running (by pidfile or pattern), or None."""
-    table = proctable.snapshot(proc_root)
-    options = StopOptions({"pidfile": pidfile, "pattern": pattern, "select": "oldest"},
-                          exclude_pids=proctable.ancestors(table, os.getpid()))
-    main, _found = trainer_finding.find_trainer(options, table, proc_root)
-    return main
-
 
 def gpu_holders(device_paths, proc_root="/proc"):
     """{device: [{pid, cmdline}]} of the processes holding a device the run needs."""
@@ -139,16 +129,24 @@ def _child_setup():
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def command(params):
+    """The command to run, with the resume arguments when resume_auto finds a checkpoint."""
+    found = params.get("resume_auto") and params.get("checkpoint_dir") and any(
+        entry["complete"] for entry in checkpoints.entries(params["checkpoint_dir"], params["checkpoint_pattern"]).values())
+    return list(params["command"]) + (list(params["resume_args"]) if found else []), bool(found)
+
+
 def start(params):
     """Start the trainer and wait until it is healthy. Returns facts about it; LaunchError
     when it is not healthy (its log set aside)."""
     log_file = params["log_file"]
+    argv, resumed = command(params)
     os.makedirs(os.path.dirname(log_file), mode=0o755, exist_ok=True)
     rotate_logs(log_file, params["log_keep"])
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
     run_id = uuid.uuid4().hex
     try:
-        proc = subprocess.Popen(params["command"], cwd=params.get("cwd") or "/",
+        proc = subprocess.Popen(argv, cwd=params.get("cwd") or "/",
                                 env=dict(os.environ, **{RUN_ID_ENV: run_id}),
                                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                 close_fds=True, start_new_session=True, preexec_fn=_child_setup)
@@ -157,7 +155,7 @@ def start(params):
     me = proctable.read_process(proc.pid)
     write_pidfile(params["pidfile"], proc.pid, me.starttime if me else 0, run_id)
     try:
-        return dict(wait_healthy(proc, params), run_id=run_id)
+        return dict(wait_healthy(proc, params), run_id=run_id, resumed=resumed)
     except LaunchError as err:
         err.details.update(run_id=run_id, failed_log=set_failed_log_aside(log_file, params["log_keep"]))
         raise

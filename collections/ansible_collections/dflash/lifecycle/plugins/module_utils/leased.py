@@ -1,14 +1,19 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""An AnsibleModule that runs under the redeploy lease given by its lock_* options.
+"""An AnsibleModule that runs under the per-CT lock given by its lock_* options.
 
 Doc fragment dflash.lifecycle.redeploy_lease documents the options. Taking and giving back
-the lock inside the modules a redeploy runs anyway spares it two round trips into the CT
-(a lock task and an unlock task, about 0.7 s of a 4 s overhead on the testbed), and every
-phase checks that its redeploy still holds the CT.
+the lock inside the modules a job runs anyway spares it two round trips into the CT (a lock
+task and an unlock task, about 0.7 s of a 4 s overhead on the testbed), and every phase
+checks that its job still holds the CT, and records its phase in the lock. A refusal says
+who holds the lock, how far that job got, and the CT's state: whether a trainer runs, since
+when, and the newest checkpoint it wrote.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -18,24 +23,56 @@ ARGUMENT_SPEC = {
     "lock_holder": {"type": "str"},
     "lock_ttl": {"type": "float", "default": 1800},
     "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
-    "lock_release": {"type": "bool", "default": False},
+    "lock_unlock": {"type": "bool", "default": False, "aliases": ["lock_release"],
+                    "deprecated_aliases": [{"name": "lock_release", "version": "0.3.0",
+                                            "collection_name": "dflash.lifecycle"}]},
     "lock_takeover": {"type": "str"},
 }
+
+
+def ct_state(lock_path):
+    """The CT in words: the trainer named by the pidfile beside the lock (running since when,
+    or not), and the newest checkpoint in the directory its own --output-dir names."""
+    # only a refusal needs these: every module start would pay for importing them
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable, trainer_finding
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter
+
+    pidfile = os.path.join(os.path.dirname(lock_path), "trainer.pid")
+    try:
+        entry = trainer_finding.read_pidfile(pidfile)
+    except (OSError, InvalidParameter):
+        entry = None
+    proc = proctable.read_process(entry.pid) if entry else None
+    if proc is None or proc.gone or (entry.starttime is not None and proc.starttime != entry.starttime):
+        return "no trainer is running (by its pidfile)"
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(proctable.start_wall_time(proc)))
+    words = f"the trainer PID {proc.pid} runs since {started}"
+    argv = proctable.read_argv(proc.pid) or []
+    if "--output-dir" in argv[:-1]:
+        directory = argv[argv.index("--output-dir") + 1]
+        done = sorted((e["mtime"], n) for n, e in checkpoints.entries(directory, "*").items() if e["complete"])
+        words += (f", newest checkpoint {os.path.join(directory, done[-1][1])}" if done
+                  else f", no checkpoint in {directory}")
+    return words
 
 
 class LeasedModule(AnsibleModule):
     """Takes or renews the lock before the module's own work; every result carries ``lock``."""
 
-    def __init__(self, argument_spec, **kwargs):
+    def __init__(self, argument_spec, phase=None, **kwargs):
+        """phase: what this module does in a job, recorded in the lock (a string, or a function
+        of the module's params)."""
         self.lease = None  # set before AnsibleModule can exit on a bad argument
         super().__init__(argument_spec={**argument_spec, **ARGUMENT_SPEC}, **kwargs)
         holder = self.params["lock_holder"]
         if holder:
+            phase = phase(self.params) if callable(phase) else phase
             try:
                 self.lease = lock.take(self.params["lock_path"], holder, self.params["lock_ttl"],
-                                       self.params["lock_takeover"])
+                                       self.params["lock_takeover"], phase)
             except lock.LockHeld as err:
-                self.fail_json(msg=str(err), holder=err.holder)
+                self.fail_json(msg=f"{err} Now in this CT: {ct_state(self.params['lock_path'])}.",
+                               holder=err.holder)
             except rundir.UnsafePath as err:
                 self.fail_json(msg=f"lock_path: {err}")
             del self.lease["changed"]  # the module's own work decides changed
@@ -45,7 +82,7 @@ class LeasedModule(AnsibleModule):
 
     def exit_json(self, **kwargs):
         if self.lease is not None:
-            if self.params["lock_release"]:
+            if self.params["lock_unlock"]:
                 try:
                     self.lease["released"] = lock.release(self.params["lock_path"], self.params["lock_holder"])
                 except rundir.UnsafePath as err:

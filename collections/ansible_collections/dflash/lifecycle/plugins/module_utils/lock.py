@@ -48,12 +48,21 @@ def _guarded(path, action):
 
 def describe(lock):
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lock.get("since", 0)))
-    return f"{lock.get('holder')} since {since}"
+    phase = f", last phase: {lock['phase']}" if lock.get("phase") else ""
+    return f"{lock.get('holder')} since {since}{phase}"
 
 
-def acquire(path, holder, ttl, now=None, takeover=None):
-    """Take or renew the lock for holder; a live lease of another holder only when takeover
-    names it. Returns (changed, lock, taken_over_from)."""
+def read(path):
+    """The lock in place, or None."""
+    try:
+        return _read(path)
+    except OSError:
+        return None
+
+
+def acquire(path, holder, ttl, now=None, takeover=None, phase=None):
+    """Take or renew the lock for holder, recording the phase its holder is in; a live lease of
+    another holder only when takeover names it. Returns (changed, lock, taken_over_from)."""
     now = time.time() if now is None else now
 
     def action():
@@ -64,22 +73,22 @@ def acquire(path, holder, ttl, now=None, takeover=None):
                 raise LockHeld(f"CT is being redeployed by {describe(current)} "
                                f"(lease until {time.strftime('%H:%M:%S UTC', time.gmtime(current['expires']))}); "
                                f"if that run is gone, take the lock over with lock_takeover naming it "
-                               f"(redeploy.yml: -e "
-                               f"{shlex.quote(json.dumps({'dflash_lock_takeover': current.get('holder')}))})",
+                               f"(the playbooks: -e "
+                               f"{shlex.quote(json.dumps({'redeploy_lock_takeover': current.get('holder')}))}).",
                                current)
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
-        lock = {"holder": holder, "since": since, "expires": now + ttl}
+        lock = {"holder": holder, "since": since, "expires": now + ttl, "phase": phase}
         write_atomic(path, json.dumps(lock), 0o600)
         return current is None or taken_over is not None, lock, taken_over
 
     return _guarded(path, action)
 
 
-def take(path, holder, ttl, takeover=None):
+def take(path, holder, ttl, takeover=None, phase=None):
     """acquire() as a result: the lock in place, whom it was taken over from, changed, msg."""
     now = time.time()
-    changed, held, taken_over = acquire(path, holder, ttl, now, takeover)
+    changed, held, taken_over = acquire(path, holder, ttl, now, takeover, phase)
     msg = f"locked for {holder}"
     if taken_over:
         how = "expired" if taken_over.get("expires", 0) <= now else "live (lock_takeover)"

@@ -74,7 +74,7 @@ def parse_stat(text):
 def parse_status_masks(text):
     masks = {"SigIgn": 0, "SigCgt": 0}
     for line in text.splitlines():
-        key, _, value = line.partition(":")
+        key, _sep, value = line.partition(":")
         if key in masks:
             masks[key] = int(value.strip(), 16)
     return masks["SigIgn"], masks["SigCgt"]

@@ -214,7 +214,7 @@ def install(base, release, archive, archive_sha256, manifest, keep=5):
         drift = verify(final, meta.get("files", {}))
         if not drifted(drift):
             return False, details
-        details.update(drift=drift, drifted_copy=None)
+        details.update(repaired_drift=drift, drifted_copy=None)
     if not os.path.isfile(archive):
         raise ReleaseError(f"{archive} is not in the CT: the copy into the container failed "
                            "(pct push exits 0 even when it could not write the file)")
@@ -236,7 +236,7 @@ def install(base, release, archive, archive_sha256, manifest, keep=5):
             with open(os.path.join(tmp, META), "w") as handle:
                 json.dump({"id": release, "installed_at": time.time(), "files": manifest}, handle)
             os.chmod(tmp, 0o755)
-            if "drift" in details:
+            if "repaired_drift" in details:
                 details["drifted_copy"] = set_aside(final, release)
             os.rename(tmp, final)
         except BaseException:

@@ -61,6 +61,21 @@ def write_atomic(path, text, mode=0o600):
     return True
 
 
+LAUNCH_RECORD = "launch.json"
+
+
+def write_launch_record(pidfile, facts):
+    """What a healthy launch saw (its figures, its release), beside the pidfile: status reads it."""
+    write_atomic(os.path.join(os.path.dirname(pidfile), LAUNCH_RECORD), json.dumps(facts), 0o644)
+
+
+def read_launch_record(pidfile):
+    try:
+        return read_json(os.path.join(os.path.dirname(pidfile), LAUNCH_RECORD))
+    except (OSError, ValueError):
+        return None
+
+
 def read_json(path):
     """The JSON in path, None when it is missing; a symlink is refused (ELOOP), not followed."""
     try:

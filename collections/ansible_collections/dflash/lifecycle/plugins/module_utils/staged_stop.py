@@ -66,7 +66,7 @@ def run(options, proc_root="/proc", check_mode=False, progress=None):
             return result
         holders = target_set.device_holders(options, table, proc_root)
         result.update(
-            changed=True, run_id=scope.run_id, targets=targets.report(),
+            changed=True, stopped=False, run_id=scope.run_id, targets=targets.report(),
             other_gpu_holders=target_set.others(holders, targets, table),
             loss_at_start=directory.loss())
         result["signal_dispositions"], result["graceful_stage"], result["graceful_reason"] = \

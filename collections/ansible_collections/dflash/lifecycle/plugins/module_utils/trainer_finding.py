@@ -15,7 +15,7 @@ import os
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter, StopOptions
 
 Pidfile = collections.namedtuple("Pidfile", "pid starttime mtime run_id")
 
@@ -105,3 +105,12 @@ def find_trainer(options, table, proc_root):
         return None, found
     found["source"] = "pattern"
     return table[matches[0]], found
+
+
+def running(pidfile, pattern, proc_root="/proc"):
+    """The trainer already running (by pidfile, else the oldest pattern match), or None."""
+    table = proctable.snapshot(proc_root)
+    options = StopOptions({"pidfile": pidfile, "pattern": pattern, "select": "oldest"},
+                          exclude_pids=proctable.ancestors(table, os.getpid()))
+    main, _found = find_trainer(options, table, proc_root)
+    return main

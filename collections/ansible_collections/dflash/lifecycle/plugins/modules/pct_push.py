@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: pct_push
 short_description: Copy a file from the controller into a Proxmox CT through its node with C(pct push)
 version_added: 0.2.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Run against the CT's node (C(delegate_to) the node). Transfers O(src) into a private
     temporary directory on the node (mode C(0700)), runs C(pct push) into the CT and removes the
@@ -34,23 +34,31 @@ options:
     description: File mode in the CT (C(pct push --perms)).
     type: str
     default: "0600"
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
+  action:
+    support: full
+    details: An action plugin; the node only runs a shell command.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: Reports what it would push; transfers nothing.
   diff_mode:
     support: none
   platform:
-    platforms: posix
-  action:
     support: full
-    details: An action plugin; the node only runs a shell command.
+    platforms: posix
 """
 
 EXAMPLES = r"""
 - name: Push the release archive into ct200
   dflash.lifecycle.pct_push:
-    src: /tmp/dflash-releases/0388a82fa6a8d99c.tar.gz
+    src: /root/.cache/dflash-lifecycle/releases/0388a82fa6a8d99c.tar.gz
     vmid: 200
     dest: /tmp/dflash-0388a82fa6a8d99c.tar.gz
   delegate_to: pve1

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: redeploy_lock
 short_description: Per-CT lock so that two redeploys never work on one CT at once
 version_added: 0.1.0
-author: dflash-lifecycle contributors
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Runs inside the CT. V(acquired) takes the lock for O(holder) or renews its lease; a lock
     held by someone else whose lease has not ended fails the task at once, naming the holder and
@@ -35,14 +35,24 @@ options:
     type: str
     choices: [acquired, released]
     default: acquired
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
+  action:
+    support: none
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: none
-    details: Skipped in check mode unless the task sets C(check_mode=false), as redeploy.yml does so
+    details: Skipped in check mode unless the task sets C(check_mode=false), as the playbooks do so
       that a dry run never overlaps a real one.
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 """
 

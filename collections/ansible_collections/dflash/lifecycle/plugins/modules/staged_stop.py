@@ -391,7 +391,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options impo
 
 
 def main():
-    module = leased.LeasedModule(argument_spec=ARGUMENT_SPEC, required_one_of=[("pidfile", "pattern")],
+    module = leased.LeasedModule(argument_spec=ARGUMENT_SPEC, phase="stop", required_one_of=[("pidfile", "pattern")],
                                  supports_check_mode=True)
     try:
         options = StopOptions(module.params)

@@ -50,6 +50,16 @@ options:
   trainer_script:
     description: The trainer script a launch would run; missing means no release is installed.
     type: path
+  trainer:
+    description: How to find a running trainer, to report it (RV(trainer_running)).
+    type: dict
+    suboptions:
+      pidfile:
+        description: Its pidfile.
+        type: path
+      pattern:
+        description: Regex on its command line, for a trainer without a pidfile.
+        type: str
   release:
     description:
       - Also read the releases installed under O(release.base) and compare the current one with
@@ -73,7 +83,7 @@ options:
       on_drift:
         description:
           - When an installed release (current, previous, or this one) no longer matches its
-            manifest - V(repair) reports it (RV(release_status.drift)) and lets the push reinstall
+            manifest - V(repair) reports it (RV(release_status)) and lets the push reinstall
             this release; V(fail) fails here, listing the files, before anything is touched.
         type: str
         choices: [repair, fail]
@@ -129,6 +139,14 @@ checkpoint_present:
   description: Whether a complete checkpoint exists in O(output_dir).
   returned: always
   type: bool
+trainer_running:
+  description: Whether a trainer runs (found as O(trainer) says).
+  returned: when trainer is set
+  type: bool
+trainer_pid:
+  description: Its PID, or null.
+  returned: when trainer is set
+  type: int
 release_status:
   description: >-
     What M(dflash.lifecycle.trainer_release) V(status) returns for O(release) - C(present),
@@ -138,11 +156,12 @@ release_status:
   type: dict
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, releases, trainer_finding
 
 
 def main():
     module = leased.LeasedModule(
+        phase="preflight",
         argument_spec={
             "target_model": {"type": "path", "required": True},
             "data_dir": {"type": "path", "required": True},
@@ -152,6 +171,10 @@ def main():
             "checkpoint_pattern": {"type": "str", "default": "step_*"},
             "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
             "trainer_script": {"type": "path"},
+            "trainer": {"type": "dict", "options": {
+                "pidfile": {"type": "path"},
+                "pattern": {"type": "str"},
+            }},
             "release": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
                 "release": {"type": "str", "required": True},
@@ -162,6 +185,9 @@ def main():
         supports_check_mode=True,
     )
     result = preflight.preflight(module.params)
+    if module.params["trainer"]:
+        running = trainer_finding.running(module.params["trainer"]["pidfile"], module.params["trainer"]["pattern"])
+        result.update(trainer_running=running is not None, trainer_pid=running.pid if running else None)
     wanted = module.params["release"]
     if wanted:
         result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])

@@ -112,10 +112,26 @@ options:
   checkpoint_dir:
     description: Checkpoint directory; with O(min_free_gb), the free space there is checked before the start.
     type: path
+  checkpoint_pattern:
+    description: Glob of one checkpoint in O(checkpoint_dir), for O(resume_auto).
+    type: str
+    default: "*"
   min_free_gb:
     description: Free space O(checkpoint_dir) needs, in GiB; 0 skips the check.
     type: float
     default: 0
+  resume_auto:
+    description:
+      - Append O(resume_args) to O(command) when a complete checkpoint is in O(checkpoint_dir) at the
+        moment of the start (the wrapper passes its arguments on to the trainer). Decided here, in
+        the CT, so the checkpoint a stop just wrote counts, the first one of a young run included.
+    type: bool
+    default: false
+  resume_args:
+    description: The arguments that make the trainer resume from its latest checkpoint.
+    type: list
+    elements: str
+    default: [--resume]
   health_seconds:
     description:
       - How long the trainer must stay alive after its first progress line to count as healthy (a
@@ -143,7 +159,15 @@ options:
     default: 300
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
+  action:
+    support: none
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: >-
@@ -152,6 +176,7 @@ attributes:
   diff_mode:
     support: none
   platform:
+    support: full
     platforms: posix
 """
 
@@ -232,6 +257,10 @@ step:
   description: The step number of the first progress line.
   returned: success
   type: int
+resumed:
+  description: Whether O(resume_auto) found a checkpoint and added O(resume_args).
+  returned: when the trainer was started
+  type: bool
 run_id:
   description: The run identity (C(DFLASH_RUN_ID)) every process of the run carries.
   returned: when the trainer was started
@@ -258,11 +287,12 @@ log_tail:
 
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, progress, releases, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, progress, releases, rundir, trainer_finding
 
 
 def main():
     module = leased.LeasedModule(
+        phase="launch",
         argument_spec={
             "command": {"type": "list", "elements": "str", "required": True},
             "cwd": {"type": "path", "default": "/"},
@@ -277,7 +307,10 @@ def main():
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
             "checkpoint_dir": {"type": "path"},
+            "checkpoint_pattern": {"type": "str", "default": "*"},
             "min_free_gb": {"type": "float", "default": 0},
+            "resume_auto": {"type": "bool", "default": False},
+            "resume_args": {"type": "list", "elements": "str", "default": ["--resume"]},
             "health_seconds": {"type": "float", "default": 5},
             "step_regex": {"type": "str", "default": progress.STEP_REGEX, "aliases": ["health_regex"],
                            "deprecated_aliases": [{"name": "health_regex", "version": "0.3.0",
@@ -298,7 +331,7 @@ def main():
         written = launch.prepare_run(params, check_mode=module.check_mode)
     except (rundir.UnsafePath, OSError) as err:
         module.fail_json(msg=f"run directory: {err}")
-    running = launch.running_trainer(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
+    running = trainer_finding.running(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
     if running is not None:
         module.fail_json(msg=f"a trainer is already running: PID {running.pid} "
                              f"({running.cmdline[:200]}); stop it first", pid=running.pid,
@@ -335,6 +368,8 @@ def main():
         module.fail_json(msg=f"pidfile: {err}", **done)
     if wanted:
         releases.record_launch(wanted["base"], wanted["release"])
+    rundir.write_launch_record(params["pidfile"], {key: result[key] for key in (
+        "pid", "run_id", "step", "tokens_per_s", "first_progress_s", "healthy_after_s")})
     module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 

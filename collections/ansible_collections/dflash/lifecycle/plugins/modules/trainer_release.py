@@ -134,6 +134,10 @@ rolled_back_to:
   description: With V(rollback), the release now current.
   returned: when state is rollback
   type: str
+repaired_drift:
+  description: With V(install), the files of the release that had drifted and were reinstalled.
+  returned: when a drifted release was reinstalled
+  type: dict
 drifted_copy:
   description: With V(install), where the drifted copy of the release was set aside.
   returned: when a drifted release was reinstalled
@@ -164,6 +168,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, re
 
 def main():
     module = leased.LeasedModule(
+        phase=lambda params: f"release {params['state']}",
         argument_spec={
             "base": {"type": "path", "required": True},
             "state": {"type": "str", "default": "status",

@@ -59,7 +59,7 @@ def test_an_edit_in_place_is_drift_and_a_reinstall_repairs_it(tmp_path):
     again = built(tmp_path, src)
     changed, details = releases.install(base, again["release"], again["archive"],
                                         again["archive_sha256"], again["files"])
-    assert changed and details["drift"]["modified"] == ["train_dflash_pipeline.py"]
+    assert changed and details["repaired_drift"]["modified"] == ["train_dflash_pipeline.py"]
     assert "edited by hand" in open(os.path.join(details["drifted_copy"], "train_dflash_pipeline.py")).read()
     assert releases.status(base, build["release"])["present"] is True
     assert [r["id"] for r in releases.status(base)["releases"]] == [build["release"]]  # the copy is no release

@@ -180,4 +180,3 @@ def test_an_exited_target_does_not_make_the_wait_spin():
         targets.close()
         slow.kill()
         slow.wait()
-

@@ -1,0 +1,58 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What runs in a CT, read without touching anything (Python 3.8 compatible): the logic of the
+dflash.lifecycle.trainer_info module.
+
+The trainer (pidfile, else pattern), its uptime and run identity, the release current points
+to and any drift, its recent throughput (the median of its last progress lines) and the
+figure recorded at its launch, the newest checkpoint and its age, and the per-CT lock with
+the phase its holder reached.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import (
+    checkpoints, lock, progress, proctable, releases, rundir, trainer_finding)
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
+
+
+def throughput(log_file, step_regex, patterns, lines):
+    """The last progress line's step and figure, and the median of the last `lines` figures."""
+    reader = progress.LogReader(step_regex, patterns)
+    points = reader.progress_lines(progress.read_lines(log_file, max_bytes=256 * 1024))
+    recent = [figure for _step, figure, _line in points[-lines:]]
+    return {"step": points[-1][0] if points else None,
+            "last": points[-1][1] if points else None,
+            "median": progress.median(recent), "lines": len(recent)}
+
+
+def read(params, proc_root="/proc"):
+    """The state of the CT's trainer as a dict (module docstring)."""
+    table = proctable.snapshot(proc_root)
+    options = StopOptions({"pidfile": params["pidfile"], "pattern": params["pattern"], "select": "oldest"},
+                          exclude_pids=proctable.ancestors(table, os.getpid()) if proc_root == "/proc" else ())
+    main, found = trainer_finding.find_trainer(options, table, proc_root)
+    state = {"running": main is not None, "pid": None, "uptime_s": None, "run_id": None,
+             "cmdline": None, "found": found}
+    if main is not None:
+        state.update(pid=main.pid, cmdline=main.cmdline,
+                     uptime_s=round(time.time() - proctable.start_wall_time(main, proc_root), 1),
+                     run_id=proctable.read_environ(main.pid, proc_root).get(RUN_ID_ENV))
+    if params.get("release_base"):
+        installed = releases.status(params["release_base"])
+        state["release"] = {key: installed[key] for key in ("current", "previous", "drift", "launch_failures")}
+    state["throughput"] = throughput(params["log_file"], params["step_regex"], params["throughput_patterns"],
+                                     params["throughput_lines"])
+    state["throughput"]["at_launch"] = (rundir.read_launch_record(params["pidfile"]) or {}).get("tokens_per_s")
+    done = sorted((e["mtime"], n) for n, e in checkpoints.entries(
+        params["checkpoint_dir"], params["checkpoint_pattern"]).items() if e["complete"])
+    state["checkpoint"] = {"dir": params["checkpoint_dir"],
+                           "newest": os.path.join(params["checkpoint_dir"], done[-1][1]) if done else None,
+                           "newest_age_s": round(time.time() - done[-1][0], 1) if done else None}
+    held = lock.read(params["lock_path"]) if params.get("lock_path") else None
+    state["lock"] = held if held and held.get("expires", 0) > time.time() else None
+    return state

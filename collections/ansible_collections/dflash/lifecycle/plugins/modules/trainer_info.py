@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: trainer_info
+short_description: What runs in a CT - the trainer, its release, throughput, checkpoint and lock
+version_added: 0.2.0
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
+description:
+  - Runs inside the CT and changes nothing. Finds the trainer (O(pidfile) first, else
+    O(pattern)), and reports whether it runs, its PID, uptime and run identity, the release
+    C(current) points to with any drift (files changed in place, verified by checksum), the
+    throughput of its recent progress lines and the figure recorded at its launch, the newest
+    checkpoint and its age, and the per-CT lock (its holder and the phase it reached).
+options:
+  pidfile:
+    description: Pidfile of the trainer (C(PID STARTTIME RUN_ID)).
+    type: path
+    required: true
+  pattern:
+    description: Regex on the command line of a trainer without a pidfile.
+    type: str
+  checkpoint_dir:
+    description: Where the trainer writes checkpoints.
+    type: path
+    required: true
+  checkpoint_pattern:
+    description: Glob of one checkpoint.
+    type: str
+    default: step_*
+  log_file:
+    description: The trainer's log.
+    type: path
+    required: true
+  step_regex:
+    description: Regex whose first group is the step number of a progress line.
+    type: str
+    default: \bstep[\s:=#]*(\d+)\b
+  throughput_patterns:
+    description: Regexes of the throughput figure (a group named C(value), an optional C(unit)), tried in order.
+    type: list
+    elements: str
+    default:
+      - \btok(?:en)?s?/s\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm](?![A-Za-z]))?
+      - (?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm])?\s*tok(?:en)?s?/s\b
+  throughput_lines:
+    description: How many of the last progress lines make the median.
+    type: int
+    default: 5
+  release_base:
+    description: Directory of the releases; unset, no release is read.
+    type: path
+  lock_path:
+    description: The per-CT lock file.
+    type: path
+    default: /run/dflash/redeploy.lock
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: none
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Only reads.
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Status of the trainer
+  dflash.lifecycle.trainer_info:
+    pidfile: /run/dflash/trainer.pid
+    pattern: train_dflash_pipeline[.]py
+    checkpoint_dir: /workspace/checkpoints
+    log_file: /workspace/logs/train.log
+    release_base: /opt/dflash
+  register: trainer
+"""
+
+RETURN = r"""
+running:
+  description: Whether a trainer runs.
+  returned: always
+  type: bool
+pid:
+  description: Its PID, or null.
+  returned: always
+  type: int
+uptime_s:
+  description: Seconds since it started.
+  returned: always
+  type: float
+run_id:
+  description: Its run identity (C(DFLASH_RUN_ID)); null for a trainer started without one.
+  returned: always
+  type: str
+cmdline:
+  description: Its command line.
+  returned: always
+  type: str
+release:
+  description: C(current), C(previous), C(drift) (release to the files C(modified), C(added), C(removed)) and C(launch_failures).
+  returned: when release_base is set
+  type: dict
+throughput:
+  description: >-
+    The step and tok/s of the last progress line (C(step), C(last)), the median of the last
+    O(throughput_lines) (C(median), C(lines)), and the figure recorded at the launch (C(at_launch)).
+  returned: always
+  type: dict
+  sample: {step: 8120, last: 14210.5, median: 14188.0, lines: 5, at_launch: 14002.3}
+checkpoint:
+  description: The directory, the newest complete checkpoint and its age.
+  returned: always
+  type: dict
+lock:
+  description: The live per-CT lock (holder, since, expires, phase), or null.
+  returned: always
+  type: dict
+found:
+  description: How the trainer was found, and why a pidfile was rejected.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import progress, trainer_state
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "pidfile": {"type": "path", "required": True},
+            "pattern": {"type": "str"},
+            "checkpoint_dir": {"type": "path", "required": True},
+            "checkpoint_pattern": {"type": "str", "default": "step_*"},
+            "log_file": {"type": "path", "required": True},
+            "step_regex": {"type": "str", "default": progress.STEP_REGEX},
+            "throughput_patterns": {"type": "list", "elements": "str",
+                                    "default": list(progress.THROUGHPUT_PATTERNS)},
+            "throughput_lines": {"type": "int", "default": 5},
+            "release_base": {"type": "path"},
+            "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
+        },
+        supports_check_mode=True,
+    )
+    try:
+        state = trainer_state.read(module.params)
+    except ValueError as err:  # a step regex without a group, a pattern without value
+        module.fail_json(msg=str(err))
+    module.exit_json(changed=False, **state)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The summary of one CT's redeploy, built from the results its phases registered, and the
+report line it prints (controller side; the redeploy_summary and redeploy_report filters).
+
+The summary never says more than the results show: a phase that did not run is "not
+stopped" / "not launched", a failed one carries its error, and whether a trainer runs after
+the job is said in plain words, above all when none does.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+
+def _ok(result):
+    return isinstance(result, dict) and not result.get("failed") and not result.get("skipped")
+
+
+def _failed(result):
+    return isinstance(result, dict) and bool(result.get("failed"))
+
+
+def _msg(result):
+    return " ".join(str((result or {}).get("msg") or "unknown error").split())
+
+
+def _release_words(release, status, install):
+    if not release:
+        return "no release built", None
+    if status is None:
+        return f"release {release}", None
+    changes = status.get("changes")
+    drift = status.get("drift") or {}
+    if release in drift:
+        files = drift[release]
+        words = (f"release {release} (drifted in place: {len(files['modified'])} modified, "
+                 f"{len(files['added'])} added, {len(files['removed'])} removed"
+                 + (", reinstalled)" if _ok(install) and install.get("changed") else ")"))
+        return words, changes
+    if status.get("present"):
+        return f"release {release} (installed already)", None
+    return (f"release {release} (new: {len(changes['modified'])} modified, {len(changes['added'])} "
+            f"added, {len(changes['removed'])} removed)"), changes
+
+
+def summary(host, checked=None, manifest=None, preflight=None, install=None, stop=None, launch=None,
+            failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None):
+    """The summary dict of one CT (module docstring). launch is the last launch (the rescue's
+    relaunch when there was one), failed_launch the launch that failed before it."""
+    status = (preflight or {}).get("release_status") if _ok(preflight) else None
+    release = (manifest or {}).get("release")
+    release_words, changes = _release_words(release, status, install)
+    first_launch = failed_launch if failed_launch is not None else launch
+    errors = []
+    for phase, result in (("settings", checked), ("release", manifest), ("preflight", preflight),
+                          ("push", install), ("stop", stop), ("launch", first_launch)):
+        if _failed(result):
+            errors.append(f"{phase} failed: {_msg(result)}")
+    if rescue_error:
+        errors.append(f"rollback failed: {' '.join(str(rescue_error).split())}")
+    running = _ok(launch) and launch.get("pid") is not None and not launch.get("check_mode")
+    stopped = _ok(stop) and stop.get("stopped_by") is not None
+    checkpoint = (stop or {}).get("checkpoint") or {}
+    data = {
+        "host": host,
+        "release": release,
+        "changes": changes,
+        "drift": (status or {}).get("drift") or {},
+        "running_before": (status or {}).get("current"),
+        "rolled_back_to": (restored or {}).get("current") if _ok(restored) else None,
+        "stopped_by": (stop or {}).get("stopped_by") if _ok(stop) else None,
+        "stop_seconds": ((stop or {}).get("timeline") or [{}])[-1].get("elapsed") if stopped else None,
+        "checkpoint": checkpoint.get("new") if checkpoint.get("written") else None,
+        "steps_lost": ((stop or {}).get("loss") or {}).get("steps_lost") if stopped else None,
+        "other_gpu_holders": len((stop or {}).get("other_gpu_holders") or []),
+        "pid": launch.get("pid") if running else None,
+        "run_id": launch.get("run_id") if running else None,
+        "startup_seconds": launch.get("first_progress_s") if running else None,
+        "healthy_seconds": launch.get("healthy_after_s") if running else None,
+        "tokens_per_s": launch.get("tokens_per_s") if running else None,
+        "canary": canary,
+        # what runs, read from the process; else what the settings render (check mode, a failure)
+        "command_line": " ".join(shlex.quote(a) for a in (running and (launch or {}).get("argv")) or argv or []),
+        "command_line_from": "process" if running and (launch or {}).get("argv") else "settings",
+        "errors": errors,
+        "trainer_running": _trainer_running(running, preflight, stop),
+    }
+    data["release_words"] = release_words
+    data["stop_words"] = _stop_words(stop, data)
+    data["launch_words"] = _launch_words(launch, failed_launch, data)
+    return data
+
+
+def _trainer_running(launched, preflight, stop):
+    """Whether a trainer runs in the CT after the job: True, False, or None when unknown."""
+    if launched:
+        return True
+    if isinstance(stop, dict) and not stop.get("skipped"):
+        return bool(stop.get("changed")) and not stop.get("stopped", False)
+    return (preflight or {}).get("trainer_running")
+
+
+def _stop_words(stop, data):
+    if stop is None or stop.get("skipped"):
+        return "not stopped"
+    if _failed(stop):
+        return "stop failed"
+    if data["stopped_by"]:
+        words = f"stopped by {data['stopped_by']['signal']} in {data['stop_seconds']}s, "
+        words += f"checkpoint {data['checkpoint']}" if data["checkpoint"] else "NO new checkpoint"
+        if data["steps_lost"]:
+            words += f" ({data['steps_lost']} steps lost)"
+        return words
+    return _msg(stop)
+
+
+def _launch_words(launch, failed_launch, data):
+    if failed_launch is not None and data["rolled_back_to"] and data["pid"]:
+        return (f"launch failed, rolled back to {data['rolled_back_to']}: PID {data['pid']} running "
+                f"again, first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
+    if launch is None or launch.get("skipped"):
+        return "not launched"
+    if _failed(launch):
+        return "launch failed"
+    if data["pid"]:
+        return (f"PID {data['pid']}, first progress after {data['startup_seconds']}s, healthy after "
+                f"{data['healthy_seconds']}s, {data['tokens_per_s']} tok/s")
+    return _msg(launch)
+
+
+def report(data):
+    """The lines a person reads: what happened to the CT, then the command line (or why none)."""
+    head = f"{data['host']}: " + ", ".join((data["release_words"], data["stop_words"], data["launch_words"]))
+    lines = [head]
+    if data["errors"]:
+        lines.append("; ".join(data["errors"]))
+    if data["trainer_running"] is False:
+        lines.append("NO TRAINER IS RUNNING in this CT" + (
+            f"; newest checkpoint {data['checkpoint']}" if data["checkpoint"] else ""))
+    if not data["command_line"]:
+        lines.append("no command line: not launched")
+    elif data["command_line_from"] == "settings" and data["trainer_running"] is False:
+        lines.append("not running; the settings render: " + data["command_line"])
+    else:
+        lines.append(data["command_line"])
+    return lines

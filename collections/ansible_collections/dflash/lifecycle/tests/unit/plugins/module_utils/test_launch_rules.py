@@ -1,0 +1,72 @@
+"""module_utils/launch.py: health is a real progress line, failed attempts keep the good log."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, progress
+
+
+def params(tmp_path, **extra):
+    return dict({"log_file": str(tmp_path / "train.log"), "health_timeout": 10, "health_seconds": 0.3,
+                 "step_regex": progress.STEP_REGEX, "throughput_patterns": list(progress.THROUGHPUT_PATTERNS),
+                 "log_keep": 3}, **extra)
+
+
+def run_trainer(tmp_path, script):
+    log = open(tmp_path / "train.log", "ab")
+    return subprocess.Popen([sys.executable, "-u", "-c", script], stdout=log, stderr=log)
+
+
+def test_a_progress_line_then_alive_is_healthy(tmp_path):
+    proc = run_trainer(tmp_path, "import time\nprint('banner: reports tok/s')\nprint('step 5 loss 2 | 123.5 tok/s')\n"
+                                 "time.sleep(30)")
+    try:
+        facts = launch.wait_healthy(proc, params(tmp_path))
+        assert (facts["step"], facts["tokens_per_s"]) == (5, 123.5) and facts["healthy_after_s"] >= 0.3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_traceback_with_tok_s_in_its_source_line_is_no_health(tmp_path):
+    script = ("import time\nx = 0\ntry:\n    print(f'step 1 tok/s {1 / x}')\nexcept Exception:\n"
+              "    import traceback; traceback.print_exc()\n    time.sleep(30)\n")
+    proc = run_trainer(tmp_path, script)
+    try:
+        with pytest.raises(launch.LaunchError) as caught:
+            launch.wait_healthy(proc, params(tmp_path))
+        assert "printed a Python traceback" in str(caught.value) and caught.value.details["running"] is True
+        assert "ZeroDivisionError" in str(caught.value)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_crash_right_after_the_first_progress_line_is_no_health(tmp_path):
+    proc = run_trainer(tmp_path, "import sys\nprint('step 1 tok/s 10')\nsys.exit(3)")
+    with pytest.raises(launch.LaunchError) as caught:
+        launch.wait_healthy(proc, params(tmp_path, health_seconds=2))
+    assert caught.value.details["exit_status"] == 3 and caught.value.details["running"] is False
+
+
+def test_a_failed_attempt_is_set_aside_and_the_good_log_comes_back(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("the good run\n")
+    launch.rotate_logs(str(log), 3)  # the failed attempt's start
+    log.write_text("the failed attempt\n")
+    assert launch.set_failed_log_aside(str(log), 3) == f"{log}.failed"
+    assert log.read_text() == "the good run\n" and (tmp_path / "train.log.failed").read_text() == "the failed attempt\n"
+    assert not (tmp_path / "train.log.1").exists()
+
+
+def test_resume_auto_adds_the_resume_arguments_only_with_a_complete_checkpoint(tmp_path):
+    base = {"command": ["/bin/sh", "t.sh"], "resume_auto": True, "checkpoint_dir": str(tmp_path / "ck"),
+            "checkpoint_pattern": "step_*", "resume_args": ["--resume"]}
+    assert launch.command(base) == (["/bin/sh", "t.sh"], False)
+    (tmp_path / "ck" / "step_5").mkdir(parents=True)
+    (tmp_path / "ck" / "step_5" / "model.bin").write_bytes(b"x")
+    assert launch.command(base) == (["/bin/sh", "t.sh", "--resume"], True)
+    assert launch.command(dict(base, resume_auto=False)) == (["/bin/sh", "t.sh"], False)
+    assert launch.command(dict(base, checkpoint_dir=None)) == (["/bin/sh", "t.sh"], False)

@@ -1,0 +1,85 @@
+"""plugin_utils/redeploy_summary.py: the summary says what the results show, and says plainly
+when no trainer runs."""
+
+from ansible_collections.dflash.lifecycle.plugins.filter.redeploy import FilterModule
+
+FILTERS = FilterModule().filters()
+MANIFEST = {"release": "new1"}
+STATUS = {"present": False, "current": "old0", "previous": "older", "drift": {},
+          "changes": {"modified": ["t.py"], "added": [], "removed": []}}
+PREFLIGHT = {"release_status": STATUS, "trainer_running": True}
+STOP = {"changed": True, "stopped": True, "stopped_by": {"stage": 0, "signal": "SIGINT", "scope": "main"},
+        "timeline": [{"elapsed": 2.5}], "checkpoint": {"new": "/ck/step_9", "written": True},
+        "loss": {"steps_lost": 0}, "other_gpu_holders": [{"pid": 7}]}
+LAUNCH = {"pid": 42, "run_id": "abc", "first_progress_s": 1.0, "healthy_after_s": 3.0,
+          "tokens_per_s": 14210.5, "argv": ["python3", "-u", "t.py", "--note", "two words"]}
+
+
+def summarize(**results):
+    data = FILTERS["redeploy_summary"]("ct200", **results)
+    return data, FILTERS["redeploy_report"](data)
+
+
+def test_a_redeploy_that_worked():
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=STOP, launch=LAUNCH)
+    assert lines[0] == ("ct200: release new1 (new: 1 modified, 0 added, 0 removed), stopped by SIGINT in "
+                        "2.5s, checkpoint /ck/step_9, PID 42, first progress after 1.0s, healthy after "
+                        "3.0s, 14210.5 tok/s")
+    assert lines[1] == "python3 -u t.py --note 'two words'"
+    assert data["trainer_running"] is True and data["errors"] == [] and data["other_gpu_holders"] == 1
+
+
+def test_installed_already_and_drift():
+    _data, lines = summarize(manifest=MANIFEST, preflight={"release_status": dict(STATUS, present=True)},
+                             stop=STOP, launch=LAUNCH)
+    assert lines[0].startswith("ct200: release new1 (installed already),")
+    drift = {"new1": {"modified": ["t.py"], "added": [], "removed": []}}
+    data, lines = summarize(manifest=MANIFEST, preflight={"release_status": dict(STATUS, drift=drift)},
+                            install={"changed": True}, stop=STOP, launch=LAUNCH)
+    assert "(drifted in place: 1 modified, 0 added, 0 removed, reinstalled)" in lines[0]
+    assert data["drift"] == drift
+
+
+def test_a_stop_that_lost_work_says_no_trainer_runs():
+    failed_stop = dict(STOP, failed=True, stopped_by={"stage": 0, "signal": "SIGINT", "scope": "main"},
+                       checkpoint={"new": None, "written": False},
+                       msg="the trainer stopped, but no new sound checkpoint in /ck: none appeared.")
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=failed_stop)
+    assert lines[0] == "ct200: release new1 (new: 1 modified, 0 added, 0 removed), stop failed, not launched"
+    assert lines[1].startswith("stop failed: the trainer stopped, but no new sound checkpoint")
+    assert lines[2] == "NO TRAINER IS RUNNING in this CT" and data["trainer_running"] is False
+
+
+def test_a_rescued_launch_names_the_release_it_returned_to():
+    failed = {"failed": True, "msg": "the trainer (PID 50) exited with status 1", "activated": {"changed": True}}
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=STOP, failed_launch=failed,
+                            launch=dict(LAUNCH, pid=51), restored={"changed": True, "current": "old0"})
+    assert "launch failed, rolled back to old0: PID 51 running again" in lines[0]
+    assert data["errors"] == ["launch failed: the trainer (PID 50) exited with status 1"]
+    assert data["trainer_running"] is True and data["rolled_back_to"] == "old0"
+
+
+def test_a_failed_launch_and_a_failed_rollback_give_both_causes_and_no_command_line():
+    failed = {"failed": True, "msg": "the trainer (PID 50) printed a Python traceback"}
+    relaunch = {"failed": True, "msg": "the trainer (PID 52) exited with status 2"}
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=STOP, failed_launch=failed,
+                            launch=relaunch, rescue_error="the trainer (PID 52) exited with status 2",
+                            argv=["python3", "t.py"])
+    assert lines[0].endswith("launch failed")
+    assert lines[1] == ("launch failed: the trainer (PID 50) printed a Python traceback; rollback failed: "
+                        "the trainer (PID 52) exited with status 2")
+    assert lines[2] == "NO TRAINER IS RUNNING in this CT; newest checkpoint /ck/step_9"
+    assert data["pid"] is None and data["rolled_back_to"] is None
+
+
+def test_check_mode_and_untouched_trainer():
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT,
+                            stop={"changed": True, "stopped": False, "msg": "would stop PID 9 and 2 more"},
+                            launch={"changed": True, "msg": "would start /bin/sh trainer.sh"},
+                            argv=["python3", "t.py"])
+    assert lines[0].endswith("would stop PID 9 and 2 more, would start /bin/sh trainer.sh")
+    assert lines[-1] == "python3 t.py" and data["trainer_running"] is True
+    data, lines = summarize(checked={"failed": True, "msg": "dflash_lr: expected a number, got 'fast'"})
+    assert lines == ["ct200: no release built, not stopped, not launched",
+                     "settings failed: dflash_lr: expected a number, got 'fast'", "no command line: not launched"]
+    assert data["trainer_running"] is None  # nothing read the CT: unknown, not said to be down
