@@ -6,6 +6,9 @@ SHELL := /bin/bash
 
 VENV ?= .venv
 PYTHON ?= python3
+# the newest ansible-core runs on Python 3.12+ (pyenv has one on the project's machines)
+VENV_NEXT ?= .venv-next
+PYTHON_NEXT ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
 INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?=
@@ -17,7 +20,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv testbed-up testbed-down testbed-status demo test lint ping bench \
+.PHONY: help setup host-packages venv venv-next testbed-up testbed-down testbed-status demo test lint ping bench \
         restart check stop start push rollback status logs host-guard host-required
 
 help: ## list the targets
@@ -45,6 +48,14 @@ $(VENV)/.installed: requirements.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
+venv-next: $(VENV_NEXT)/.installed ## a second venv with the newest ansible-core (Python 3.12)
+
+$(VENV_NEXT)/.installed: requirements-next.txt
+	@test -n "$(PYTHON_NEXT)" || { echo "no Python 3.12 found: make ... PYTHON_NEXT=/path/to/python3.12" >&2; exit 2; }
+	$(PYTHON_NEXT) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/pip install --quiet --disable-pip-version-check -r requirements-next.txt
+	touch $@
+
 testbed-up: setup ## bring up the local testbed (2 sshd nodes on loopback, 4 LXC CTs)
 	$(TESTBED) up
 
@@ -59,16 +70,19 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
 
-test: setup ## unit and integration tests (brings the testbed up, and down if it was not up)
-	$(BIN)/python -m pytest $(PYTEST_ARGS) tests
+test: setup lint venv-next ## lint, then every test; then the collection's and the pct plugin's under the newest ansible-core
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(VENV_NEXT)/bin/python -m pytest $(PYTEST_ARGS) collections/ansible_collections/dflash/lifecycle/tests/unit \
+	  tests/integration/test_connection_plugin.py
 
 bench: setup ## the benchmark tables (stop latency, push cost, redeploy cost, scale, check mode)
 	$(BIN)/python bench/stop_latency.py
 	$(BIN)/python bench/push_cost.py
 	$(BIN)/python bench/redeploy_bench.py
 
-lint: venv ## ansible-lint (production profile)
+lint: venv ## ansible-lint (production profile) and ansible-test sanity on the collection
 	$(BIN)/ansible-lint --offline --profile production
+	tests/sanity/run.sh $(BIN)/python
 
 # -- the jobs (HOST: a host, group or pattern of INVENTORY; inventory/production for real nodes)
 # The CTs a target works on: HOST, or every trainer CT for the read-only targets.
