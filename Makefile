@@ -21,7 +21,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
 .PHONY: help setup host-packages venv venv-next testbed-up testbed-down testbed-status demo test lint ping bench \
-        restart check stop start push rollback status logs host-guard host-required
+        restart check stop start push rollback status logs throughput host-guard host-required
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -32,6 +32,8 @@ help: ## list the targets
 	@echo "                             start, push and rollback; status, check, ping, logs, throughput"
 	@echo "                             default to every trainer CT"
 	@echo "    NO_GRACEFUL=wait_for_checkpoint|fail|proceed   a stop when SIGINT cannot checkpoint"
+	@echo "    CANARY=report|fail|rollback   a redeploy whose new run is slower than the old one by more"
+	@echo "                             than CANARY_THRESHOLD per cent (-5): report, fail, roll back"
 	@echo "    EXTRA='-e k=v ...'       extra ansible-playbook arguments"
 	@echo "    LINES=50                 log lines of make logs"
 	@echo "    VENV=$(VENV)"
@@ -88,7 +90,9 @@ lint: venv ## ansible-lint (production profile) and ansible-test sanity on the c
 # The CTs a target works on: HOST, or every trainer CT for the read-only targets.
 CTS = $(or $(HOST),dflash_trainers)
 PLAYBOOK = $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS)' $(EXTRA) \
-  $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL))
+  $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL)) \
+  $(if $(CANARY),-e redeploy_canary_policy=$(CANARY)) \
+  $(if $(CANARY_THRESHOLD),-e redeploy_canary_threshold=$(CANARY_THRESHOLD))
 
 # HOST must select at least one trainer CT (dflash_trainers:&HOST): a node's name, a typo or
 # a broken inventory never becomes a job that touches nothing and exits 0, or every CT.
@@ -125,6 +129,9 @@ status: host-guard ## per CT: running, PID, uptime, release, drift, tok/s, check
 
 logs: host-guard ## the last LINES (50) lines of the trainer log of HOST
 	$(PLAYBOOK) playbooks/logs.yml $(if $(LINES),-e logs_lines=$(LINES))
+
+throughput: host-guard ## a text chart of the tok/s of HOST's run over its log
+	$(PLAYBOOK) playbooks/throughput.yml
 
 ping: host-guard ## ansible.builtin.ping every CT of HOST through the pct connection
 	$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' -m ansible.builtin.ping

@@ -63,7 +63,7 @@ def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None
 def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
     # next checkpoint, and the connection is cut while it waits, before any signal was sent
-    ct.launch(how="background", extra="--save-interval 300 --profile-interval 5")
+    ct.launch(how="background", extra="--save-interval 150 --profile-interval 5")
     wait_for_checkpoint_history(ct.sh, OUT, timeout=30)
     (trainer,) = ct.trainer_pids()
 
@@ -103,7 +103,7 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
         in_ct200(f"kill -KILL {pid}", check=False)  # trainers of this testbed: ours
     in_ct200(f"rm -rf {out} && cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
              f"--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir {out} "
-             "--target-gpus 0,1 --drafter-gpus 2 --save-interval 300 --profile-interval 5 "
+             "--target-gpus 0,1 --drafter-gpus 2 --save-interval 150 --profile-interval 5 "
              "> /workspace/logs/train.log 2>&1 &")  # a legacy launch: SIGINT ignored
     try:
         wait_for_checkpoint_history(in_ct200, out, timeout=60)

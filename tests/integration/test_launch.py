@@ -4,6 +4,8 @@ import json
 import os
 import re
 import shlex
+import threading
+import time
 
 import pytest
 
@@ -15,6 +17,7 @@ CT, NODE, VMID = "ct300", "pve2", "300"
 START = os.path.join(REPO, "playbooks", "start.yml")
 ACTIVATE = os.path.join(REPO, "tests", "integration", "files", "activate.yml")
 SECRET = "sekrit-7f3a9c"
+GPU_STATE = "/run/nvidia-testbed/state.json"  # what the testbed's nvidia-smi says the driver holds
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def launch(testbed, ready):
     yield run
     for pid in ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
         ready(f"kill -KILL {pid}", check=False)
-    ready("rm -rf /run/dflash /workspace/checkpoints /tmp/pwned*", check=False)
+    ready(f"rm -rf /run/dflash /workspace/checkpoints /tmp/pwned* {GPU_STATE}", check=False)
 
 
 def trainer_pid(ready):
@@ -133,12 +136,63 @@ def test_invalid_value_stops_before_anything_is_touched(launch, ready):
     assert ready("test -e /run/dflash", check=False).returncode == 1
 
 
-def test_busy_gpu_blocks_the_launch(launch, ready):
+def hold_gpu_memory(ready, mib, seconds=None):
+    """The driver holds mib MiB on GPU 5 (an exited run's memory, no process listed), for
+    ever or until seconds from now; returns that time by the CT's clock (0: for ever)."""
+    script = ("import json, sys, time\n"
+              f"until = time.time() + {seconds} if {seconds is not None} else None\n"
+              f"json.dump({{'held_mib': {{'5': {mib}}}, 'held_until': until}}, open('{GPU_STATE}', 'w'))\n"
+              "print(until or 0)\n")
+    return float(ready(f"mkdir -p {os.path.dirname(GPU_STATE)} && python3 -c {shlex.quote(script)}").stdout)
+
+
+def test_the_launch_waits_until_the_driver_freed_the_gpu_memory(launch, ready):
+    hold_gpu_memory(ready, 30000)
+    freed = {}
+
+    def free_two_seconds_into_the_wait():
+        deadline = time.monotonic() + 120
+        while ready("test -e /run/dflash/launch.progress.json", check=False).returncode:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        freed["at"] = hold_gpu_memory(ready, 30000, seconds=2)
+
+    helper = threading.Thread(target=free_two_seconds_into_the_wait)
+    helper.start()
+    try:
+        res = launch()
+    finally:
+        helper.join()
+    assert "at" in freed, "the launch never waited"
+    report = " ".join(res.stdout.split())  # the yaml callback wraps long lines
+    waited = re.search(r"waited ([0-9.]+)s for the GPUs to be free \(GPU 5: 30000 of 81559 MiB used "
+                       r"\(threshold 1024 MiB\), no process listed by nvidia-smi", report)
+    assert waited and float(waited.group(1)) >= 2.0
+    # the trainer started (its pidfile written) only once the memory was freed
+    written = ready("python3 -c 'import os; print(os.stat(\"/run/dflash/trainer.pid\").st_mtime)'").stdout
+    assert float(written) >= freed["at"]
+
+
+def test_memory_never_freed_fails_naming_the_gpu_and_starts_nothing(launch, ready):
+    hold_gpu_memory(ready, 30000)
+    res = launch(check=False, trainer_launch_gpu_free_timeout=3)
+    assert res.returncode != 0
+    assert re.search(r"GPUs not free after 3\.\d+s \(bound 3\.0s\), nothing was started: GPU 5: 30000 of "
+                     r"81559 MiB used \(threshold 1024 MiB\), no process listed by nvidia-smi", res.stdout)
+    assert ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout == ""
+    assert ready("test -e /run/dflash/trainer.pid", check=False).returncode == 1
+
+
+def test_a_foreign_gpu_holder_blocks_the_launch_named(launch, ready):
     ready("setsid -f sh -c 'exec 3</dev/nvidia6; exec sleep 600' < /dev/null > /dev/null 2>&1")
     holder = ready("pgrep -x -f 'sleep 600'").stdout.split()[0]
     try:
-        res = launch(check=False)
+        res = launch(check=False)  # refused at once ("in use", not "not free after" the wait)
         assert res.returncode != 0
-        assert f"/dev/nvidia6 held by PID {holder}" in res.stdout
+        assert ("GPUs in use by other processes, nothing was started: GPU 6: 2048 of 81559 MiB used "
+                f"(threshold 1024 MiB), nvidia-smi lists PID {holder} (2048 MiB); /dev/nvidia6 held by "
+                f"PID {holder} (sleep 600)") in res.stdout
+        assert ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout == ""
     finally:
         ready(f"kill -KILL {holder}", check=False)

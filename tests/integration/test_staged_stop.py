@@ -382,12 +382,17 @@ def test_a_setsid_helper_of_a_launched_run_is_stopped_with_it(ct, tmp_path):
     stat = ct.sh(f"cut -d')' -f2 /proc/{helper}/stat").stdout.split()
     assert stat[1] == "1" and stat[3] == str(helper)  # reparented to init, a session of its own
     assert f"DFLASH_RUN_ID={launched['run_id']}" in ct.sh(f"tr '\\0' '\\n' < /proc/{helper}/environ").stdout
-    result = stop(tmp_path, pidfile="/run/dflash/trainer.pid", checkpoint_dir=OUT,
-                  checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    sigint_wait = 300
+    result = stop(tmp_path, pidfile="/run/dflash/trainer.pid", checkpoint_dir=OUT, checkpoint_pattern="step_*",
+                  ladder=[dict(FAST_LADDER[0], wait=sigint_wait), *FAST_LADDER[1:]])
     assert result["run_id"] == launched["run_id"]
     assert {t["pid"]: t["role"] for t in result["targets"]}[helper] == "run identity"
     assert not ct.alive(helper) and ct.trainer_pids() == []
     assert result["checkpoint"]["written"]
+    # the main process left with its checkpoint; the helper SIGINT never reached does not hold
+    # the SIGINT stage for its whole wait: SIGTERM follows within the grace after the main's exit
+    (term,) = [e for e in result["timeline"] if e["event"] == "signal" and e["signal"] == "SIGTERM"]
+    assert term["pids"] == [helper] and term["elapsed"] < sigint_wait
 
 
 def test_legacy_trainer_from_a_login_session_leaves_its_shell_sibling_and_daemon(ct, tmp_path):
@@ -451,3 +456,19 @@ def test_the_stop_sleeps_while_the_trainer_writes_its_checkpoint(ct, tmp_path):
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
     assert result["stopped_by"]["signal"] == "SIGINT" and result["timeline"][-1]["elapsed"] >= 10
     assert result["cpu_s"] < 0.5, f"the stop used {result['cpu_s']} CPU-s while it waited"
+
+
+def test_a_long_stop_shows_its_progress_in_the_playbook_output(ct, testbed):
+    # SIGINT, then a checkpoint that takes 22 s to write: past 10 s the controller shows a line
+    # every 5 s, the bytes written growing; a stop that ends at once shows none (other tests)
+    ct.launch(env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=22")
+    res = testbed.playbook(os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT,
+                           "-e", json.dumps({"trainer_run_checkpoint_dir": OUT, "trainer_run_log_file": "/workspace/train.log"}))
+    # (no checkpoint before this one: the steps it would lose are not known, and not shown)
+    lines = re.findall(r"ct201: stop stage 1 \(SIGINT\): ([0-9.]+)s of 120(?:\.0)?s, \d+ process\(es\) of the run still "
+                       r"running, checkpoint \+([0-9.]+) MB written\n", res.stdout)
+    assert len(lines) >= 2, res.stdout
+    waited = [float(w) for w, _mb in lines]
+    written = [float(mb) for _w, mb in lines]
+    assert waited[0] >= 8 and waited == sorted(waited) and written[-1] > written[0] > 0, lines
+    assert "at stage 1 (SIGINT)" in res.stdout and ct.trainer_pids() == []

@@ -27,7 +27,7 @@ import time
 COUNT_FILE = "/usr/share/nvidia-testbed/gpu-count"
 STATE_FILE = "/run/nvidia-testbed/state.json"
 TOTAL_MIB = 81559  # an H100 80GB HBM3
-MIB_PER_HOLDER = 1024
+MIB_PER_HOLDER = 2048  # a CUDA context and some tensors: above the launch's 1024 MiB threshold
 
 
 def gpu_count():

@@ -31,7 +31,8 @@ def test_awx_survey_variables_are_consumed():
     variables = {q["variable"] for t in data["controller_templates"]
                  for q in (t.get("survey_spec") or {}).get("spec", [])}
     assert variables == {"trainer_stop_sigint_wait", "trainer_stop_no_graceful",
-                         "dflash_resume", "redeploy_serial", "redeploy_lock_takeover"}
+                         "dflash_resume", "redeploy_serial", "redeploy_lock_takeover",
+                         "redeploy_canary_policy", "redeploy_canary_threshold"}
     for name in variables:
         used = sp.run(["grep", "-rlw", name, "redeploy.yml", "roles", "playbooks", "inventory"], cwd=REPO,
                       capture_output=True, text=True, check=False).stdout
@@ -47,3 +48,11 @@ def test_ansible_doc_renders_the_filters_and_the_lookup(kind, name):
     res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", kind, f"dflash.lifecycle.{name}"], check=False)
     assert res.returncode == 0 and "UNDOCUMENTED" not in res.stdout and not res.stderr.strip(), res.stdout + res.stderr
     assert "EXAMPLES" in res.stdout
+
+
+def test_test_file_names_are_unique():
+    # pytest imports test files by their base name (rootdir mode): the project's tests and the
+    # collection's unit tests share one namespace
+    names = [name for root, _dirs, files in os.walk(REPO) if "/.venv" not in root and "/tests" in root
+             for name in files if name.startswith("test_") and name.endswith(".py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

@@ -35,6 +35,15 @@ Test-only misbehaviour switches (environment variables; never set in production)
 
 Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
 DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
+
+Every --profile-interval steps it logs a progress line and its ProfileStats, per-stage
+averages and maxima over the interval, as the real trainer does:
+
+  2026-11-30 10:00:01 step 200 epoch 0 loss 2.3100 tok/s 2550.1 | data 0.21ms ...
+  2026-11-30 10:00:01 [ProfileStats step 200] data avg 0.21ms max 0.40ms | target avg ...
+
+RELEASE_SLOWDOWN below stretches every step of this release (tests make a slower release by
+changing it in a copy of this file).
 """
 
 import argparse
@@ -53,6 +62,7 @@ import time
 
 VOCAB = 32
 DEFAULT_STEP_SECONDS = 0.05
+RELEASE_SLOWDOWN = 1.0
 EXIT_INTERRUPTED = 130
 
 
@@ -329,7 +339,7 @@ def train(args):
     rng = random.Random(state["step"])
     seq_len = min(args.max_seq_len, 64)
     batch_size = max(1, min(args.max_batch_size, args.token_budget // max(seq_len, 1), 4))
-    step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS))
+    step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS)) * RELEASE_SLOWDOWN
     block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
     calibration = calibrate_c_call() if block_seconds > 0 else 0.0
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
@@ -341,6 +351,7 @@ def train(args):
     warmup = max(1, int(total_steps * args.warmup_ratio))
     window_tokens, window_start = 0, time.perf_counter()
     timings = {"data": 0.0, "target": 0.0, "drafter": 0.0, "optim": 0.0}
+    peaks = dict.fromkeys(timings, 0.0)
     try:
         while state["step"] < total_steps:
             began = time.perf_counter()
@@ -361,21 +372,27 @@ def train(args):
             if args.save_interval and state["step"] % args.save_interval == 0:
                 save_checkpoint(args.output_dir, model, state, "interval")
             t_optim = time.perf_counter()
+            spare = step_seconds - (time.perf_counter() - began)
+            if spare > 0:  # the wait of a step is the target model's forward here
+                time.sleep(spare)
+            t_target += max(0.0, spare)
             for key, (a, b) in {"data": (began, t_data), "target": (t_data, t_target),
-                                "drafter": (t_target, t_drafter),
+                                "drafter": (t_target - max(0.0, spare), t_drafter),
                                 "optim": (t_drafter, t_optim)}.items():
                 timings[key] += b - a
+                peaks[key] = max(peaks[key], b - a)
             if state["step"] % max(1, args.profile_interval) == 0:
                 elapsed = time.perf_counter() - window_start
                 stages = " ".join(f"{k} {1000 * v / args.profile_interval:.2f}ms"
                                   for k, v in timings.items())
                 log(f"step {state['step']} epoch {state['epoch']} loss {loss:.4f} "
                     f"tok/s {window_tokens / (0 if crash_in_progress else max(elapsed, 1e-9)):.1f} | {stages}")
+                log(f"[ProfileStats step {state['step']}] " + " | ".join(
+                    f"{k} avg {1000 * v / args.profile_interval:.2f}ms max {1000 * peaks[k]:.2f}ms"
+                    for k, v in timings.items()))
                 window_tokens, window_start = 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
-            spare = step_seconds - (time.perf_counter() - began)
-            if spare > 0:
-                time.sleep(spare)
+                peaks = dict.fromkeys(timings, 0.0)
     except KeyboardInterrupt:
         # workers first, as a DataLoader's are shut down while the exception unwinds
         stop_workers(workers)

@@ -229,6 +229,8 @@ class Directory:
                           checkpoint_age_s=round(time.time() - entry["mtime"], 1))
         if report["checkpoint_step"] is not None and report["last_logged_step"] is not None:
             report["steps_lost"] = max(0, report["last_logged_step"] - report["checkpoint_step"])
+        elif not done and report["last_logged_step"] is not None:
+            report["steps_lost"] = report["last_logged_step"]  # no checkpoint at all: every step
         return report
 
     def settled(self, before):
@@ -248,7 +250,8 @@ class Directory:
 
 def describe_loss(loss):
     if loss["checkpoint"] is None:
-        return "there is no complete checkpoint: a stop loses the whole run"
+        steps = f" ({loss['steps_lost']} steps)" if loss["steps_lost"] is not None else ""
+        return f"there is no complete checkpoint: a stop loses the whole run{steps}"
     text = f"newest checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
     if loss["steps_lost"] is not None:
         text += (f" (step {loss['checkpoint_step']}, the log is at step {loss['last_logged_step']}:"

@@ -24,6 +24,10 @@ NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
 # where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
 # PATH=/sbin:/bin:/usr/sbin:/usr/bin, and pip installs it to /usr/local/bin
 PY_SPY_PATH = "/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
+# how long a stage that signals only the main process waits for the rest of the set once the
+# main process is gone: its workers notice within DataLoader's 5 s status check; a leftover
+# it was not signalled (a setsid helper) would otherwise hold the stage for its whole wait
+AFTER_MAIN_GRACE = 10.0
 
 
 def assess(main, stages):
@@ -150,11 +154,20 @@ class Climb:
         return recent or checkpoints.fingerprint(self.directory.path) != before
 
     def wait(self, stage, index, graceful):
-        """Wait for the set to go; the graceful stage waits longer while the checkpoint
+        """Wait for the set to go (for the main process, when the stage signals only it, then
+        AFTER_MAIN_GRACE for the rest); the graceful stage waits longer while the checkpoint
         directory is being written, up to graceful_wait_cap. Returns who still runs."""
+        if stage["scope"] != "main":
+            return self._wait(self.targets.alive(), stage, index, graceful)
+        if self._wait([self.main.identity], stage, index, graceful):
+            return self.targets.alive()
+        self.refresh()
+        return self.targets.wait_gone(self.targets.alive(), min(AFTER_MAIN_GRACE, stage["wait"]))
+
+    def _wait(self, identities, stage, index, graceful):
         base = stage["wait"]
         if not graceful or not self.directory.path:
-            return self.targets.wait_gone(self.targets.alive(), base, on_tick=self.tick_reporter(index, base))
+            return self.targets.wait_gone(identities, base, on_tick=self.tick_reporter(index, base))
         began = time.monotonic()
         cap_at = began + max(base, float(self.options.graceful_wait_cap))
         self.activity = checkpoints.Activity(self.directory.path, self.options.checkpoint_activity_window)
@@ -170,7 +183,7 @@ class Climb:
             extended[0] += extra
             return extra
 
-        remaining = self.targets.wait_gone(self.targets.alive(), base, on_tick=on_tick)
+        remaining = self.targets.wait_gone(identities, base, on_tick=on_tick)
         if extended[0]:
             self.event(event="wait_extended", stage=index, by=round(extended[0], 3),
                        reason=f"{self.directory.path} was still being written")

@@ -11,8 +11,11 @@ execs it), written without following symlinks.
 
 Healthy means a real progress line (a step number and a throughput figure,
 module_utils/progress.py), no Python traceback in the new log, and the process still
-alive health_seconds after that line. A failed attempt's log is set aside as LOG.failed
-and the older logs move back, so failed attempts never rotate the last good run's log away.
+alive health_seconds after that line. Then it waits (with a bound) until the run has
+logged throughput_lines progress lines after its first throughput_warmup_lines, and
+reports their median and the per-stage timings (the throughput canary's "after"); a crash
+in that time is no health either. A failed attempt's log is set aside as LOG.failed and the
+older logs move back, so failed attempts never rotate the last good run's log away.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 import uuid
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, progress, proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import check_secure_dir, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import ProgressFile, check_secure_dir, secure_dir, write_atomic
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
 TAIL_LINES = 20
@@ -38,16 +41,6 @@ class LaunchError(Exception):
 
 
 # -- refusals ----------------------------------------------------------------------------------
-
-def gpu_holders(device_paths, proc_root="/proc"):
-    """{device: [{pid, cmdline}]} of the processes holding a device the run needs."""
-    table = proctable.snapshot(proc_root)
-    busy = {}
-    for path in device_paths:
-        for pid in proctable.device_holders(path, table, proc_root):
-            busy.setdefault(path, []).append({"pid": pid, "cmdline": table[pid].cmdline[:200]})
-    return busy
-
 
 def free_space_short(path, min_free_gb):
     """Why path lacks min_free_gb GiB of free space, or None when it has it."""
@@ -150,6 +143,9 @@ def start(params):
                                 env=dict(os.environ, **{RUN_ID_ENV: run_id}),
                                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
                                 close_fds=True, start_new_session=True, preexec_fn=_child_setup)
+    except OSError as err:  # no such program, not executable, no such cwd
+        raise LaunchError(f"cannot start {argv[0]}: {err}", running=False, run_id=run_id,
+                          failed_log=set_failed_log_aside(log_file, params["log_keep"])) from err
     finally:
         os.close(log_fd)
     me = proctable.read_process(proc.pid)
@@ -161,18 +157,47 @@ def start(params):
         raise
 
 
+def reader_of(params):
+    return progress.LogReader(params["step_regex"], params["throughput_patterns"],
+                              params["profile_line_regex"], params["profile_stage_regex"])
+
+
 def wait_healthy(proc, params):
-    reader = progress.LogReader(params["step_regex"], params["throughput_patterns"])
+    reader = reader_of(params)
+    report = ProgressFile(params.get("progress_file"))
+    try:
+        facts = _wait_first_progress(proc, params, reader, report)
+        facts["throughput"] = _wait_throughput(proc, params, reader, report)
+    finally:
+        report.close()
+    return facts
+
+
+def _wait_throughput(proc, params, reader, report):
+    """The window of throughput_lines progress lines after the warm-up, once they are in (or
+    what is there when throughput_timeout ends: complete is false then)."""
+    count, warmup = int(params["throughput_lines"]), int(params["throughput_warmup_lines"])
+    began = time.monotonic()
+    while True:
+        lines = _log_while_healthy(proc, params, began)
+        window = reader.window(lines, count, warmup)
+        elapsed = time.monotonic() - began
+        if window["lines"] >= count or elapsed >= float(params["throughput_timeout"]):
+            window["complete"] = window["lines"] >= count
+            window["waited_s"] = round(elapsed, 2)
+            return window
+        report(phase="throughput", lines=window["lines"], of=count, tokens_per_s=window["tokens_per_s"],
+               elapsed=round(elapsed, 1), bound=params["throughput_timeout"])
+        time.sleep(0.2)
+
+
+def _wait_first_progress(proc, params, reader, report):
     began = time.monotonic()
     deadline = began + float(params["health_timeout"])
     settle = float(params["health_seconds"])
     seen = seen_at = None
     while True:
-        code = proc.poll()
-        lines = progress.read_lines(params["log_file"])
-        failure = _unhealthy(proc, code, lines, began, params)
-        if failure:
-            raise failure
+        lines = _log_while_healthy(proc, params, began)
         if seen is None:
             points = reader.progress_lines(lines)
             if points:
@@ -190,7 +215,19 @@ def wait_healthy(proc, params):
                 "(no progress line with a step number and a throughput figure, followed by "
                 f"{settle}s alive); it is still running. Last lines:\n" + "\n".join(lines[-TAIL_LINES:]),
                 pid=proc.pid, running=True, log_tail=lines[-TAIL_LINES:])
+        report(phase="health", elapsed=round(now - began, 1), bound=params["health_timeout"],
+               progress_line=seen is not None)
         time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _log_while_healthy(proc, params, began):
+    """The new log's lines; LaunchError when the trainer exited or printed a traceback."""
+    code = proc.poll()  # before the read: what an exited trainer printed last is in the lines
+    lines = progress.read_lines(params["log_file"])
+    failure = _unhealthy(proc, code, lines, began, params)
+    if failure:
+        raise failure
+    return lines
 
 
 def _unhealthy(proc, code, lines, began, params):

@@ -10,6 +10,14 @@ many ways; the patterns below are tried in order, the first that matches wins:
 
 Label first is tried first: in "loss 2.31 tok/s 14210.5" the figure is the number after the
 label, not the loss before it. K and M scale the figure by 1e3 and 1e6.
+
+Per-stage telemetry (the trainer's ProfileStats, printed every --profile-interval steps) is
+read from lines matching PROFILE_LINE_REGEX, each stage by PROFILE_STAGE_REGEX:
+
+    [ProfileStats step 200] data avg 1.21ms max 3.40ms | drafter avg 40.10ms max 45.20ms
+
+A window of a run is the median of its last N progress lines after its first W (warm-up),
+and the median of each stage's average over the same span.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ THROUGHPUT_PATTERNS = (
     r"\btok(?:en)?s?/s\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm](?![A-Za-z]))?",
     r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm])?\s*tok(?:en)?s?/s\b",
 )
+PROFILE_LINE_REGEX = r"ProfileStats"
+PROFILE_STAGE_REGEX = r"(?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms"
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 SCALE = {"k": 1e3, "m": 1e6}
 
@@ -48,13 +58,18 @@ def throughput(line, patterns=None):
 
 
 class LogReader:
-    """Progress lines of one log, from a byte offset on."""
+    """Progress lines and per-stage telemetry of one log."""
 
-    def __init__(self, step_regex=STEP_REGEX, patterns=THROUGHPUT_PATTERNS):
+    def __init__(self, step_regex=STEP_REGEX, patterns=THROUGHPUT_PATTERNS,
+                 profile_line_regex=PROFILE_LINE_REGEX, profile_stage_regex=PROFILE_STAGE_REGEX):
         self.step = re.compile(step_regex)
         if not self.step.groups:
             raise ValueError(f"step regex {step_regex!r} must capture the step number in a group")
         self.patterns = compile_patterns(patterns)
+        self.profile_line = re.compile(profile_line_regex)
+        self.profile_stage = re.compile(profile_stage_regex)
+        if not {"stage", "avg"} <= set(self.profile_stage.groupindex):
+            raise ValueError(f"profile stage regex {profile_stage_regex!r} needs groups named stage and avg")
 
     def progress(self, line):
         """(step, tokens per second) of a progress line, or None for any other line."""
@@ -74,17 +89,55 @@ class LogReader:
                 found.append((point[0], point[1], line))
         return found
 
+    def stages(self, line):
+        """{stage: (avg ms, max ms or None)} of a ProfileStats line, or None for another line."""
+        if not self.profile_line.search(line):
+            return None
+        found = {}
+        for match in self.profile_stage.finditer(line):
+            peak = match.groupdict().get("max")
+            found[match.group("stage")] = (float(match.group("avg")), float(peak) if peak else None)
+        return found or None
+
+    def window(self, lines, count, warmup):
+        """The run's throughput over its last `count` progress lines after the first `warmup`:
+        median tok/s, the steps it spans, and each stage's median average and largest maximum
+        from the ProfileStats lines in that span. tokens_per_s is None without such lines."""
+        progress, profiles = [], []
+        for line in lines:
+            point = self.progress(line)
+            if point is not None:
+                progress.append(point)
+                continue
+            stages = self.stages(line)
+            if stages:
+                profiles.append((progress[-1][0] if progress else None, stages))
+        usable = progress[warmup:][-count:] if count > 0 else []
+        report = {"tokens_per_s": median([figure for _step, figure in usable]), "lines": len(usable),
+                  "first_step": usable[0][0] if usable else None, "last_step": usable[-1][0] if usable else None,
+                  "stages": {}}
+        if usable:
+            span = [stages for step, stages in profiles if step is not None and step >= usable[0][0]]
+            for name in sorted({name for stages in span for name in stages}):
+                averages = [stages[name][0] for stages in span if name in stages]
+                peaks = [stages[name][1] for stages in span if name in stages and stages[name][1] is not None]
+                report["stages"][name] = {"avg_ms": round(median(averages), 3),
+                                          "max_ms": max(peaks) if peaks else None}
+        return report
+
 
 def traceback_in(lines):
-    """The first Python traceback among lines (from its head to the exception line), or None."""
+    """The first whole Python traceback among lines (from its head to the exception line), or
+    None. A traceback still being written (no exception line yet) is not returned: the next
+    read has it whole, and the exception is what names the failure."""
     for index, line in enumerate(lines):
         if TRACEBACK_HEAD in line:
             block = [line]
             for follow in lines[index + 1:]:
                 block.append(follow)
                 if follow and not follow.startswith((" ", "\t")):
-                    break
-            return block
+                    return block
+            return None
     return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 
 
 class UnsafePath(Exception):
@@ -62,6 +63,33 @@ def write_atomic(path, text, mode=0o600):
 
 
 LAUNCH_RECORD = "launch.json"
+
+
+class ProgressFile:
+    """A long wait's progress, written about once a second (by rename, in a root-only
+    directory) for the controller to show while the module runs; removed when it ends."""
+
+    EVERY_SECONDS = 1.0
+
+    def __init__(self, path, extra=None):
+        self.path = path
+        self.extra = extra or (lambda: {})
+        self.written_at = None
+
+    def __call__(self, **fields):
+        now = time.monotonic()
+        if not self.path or (self.written_at is not None and now - self.written_at < self.EVERY_SECONDS):
+            return
+        self.written_at = now
+        fields.update(self.extra())
+        try:
+            write_atomic(self.path, json.dumps(fields), 0o600)
+        except OSError:
+            self.path = None  # showing progress must never break the wait it reports on
+
+    def close(self):
+        if self.path and os.path.lexists(self.path):
+            os.unlink(self.path)
 
 
 def write_launch_record(pidfile, facts):

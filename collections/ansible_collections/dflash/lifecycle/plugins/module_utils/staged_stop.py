@@ -16,7 +16,7 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoints, ladder, proctable, target_set, trainer_finding)
+    checkpoints, ladder, proctable, rundir, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -34,7 +34,21 @@ def _cpu_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
-def run(options, proc_root="/proc", check_mode=False, progress=None):
+def progress_report(options, directory):
+    """The stop's progress for options.progress_file: the stage and its wait (Climb), plus the
+    checkpoint bytes written since the stop began and the steps not yet in a checkpoint."""
+    base = checkpoints.fingerprint(directory.path)[1] if directory.path else 0
+
+    def checkpoint_fields():
+        if not directory.path:
+            return {}
+        return {"checkpoint_bytes": checkpoints.fingerprint(directory.path)[1] - base,
+                "steps_since_checkpoint": directory.loss()["steps_lost"]}
+
+    return rundir.ProgressFile(options.progress_file, checkpoint_fields)
+
+
+def run(options, proc_root="/proc", check_mode=False):
     """Stop the trainer as options (a StopOptions, or the module's params) say. Returns the
     result; raises StopFailed."""
     started, cpu_at_start = time.monotonic(), _cpu_seconds()
@@ -57,6 +71,7 @@ def run(options, proc_root="/proc", check_mode=False, progress=None):
     directory = checkpoints.Directory(options)
     before = directory.entries()
     targets = target_set.Targets(proc_root)
+    progress = progress_report(options, directory)
     try:
         scope = None if main is None else target_set.capture(main, table, options, targets, proc_root)
         if scope is None:
@@ -83,6 +98,7 @@ def run(options, proc_root="/proc", check_mode=False, progress=None):
         return _verify(options, directory, before, ended_mid_write, targets, result, main, started)
     finally:
         targets.close()
+        progress.close()
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
 
 
@@ -201,8 +217,10 @@ def _summary(result, main_pid, started):
     ckpt = result.get("checkpoint")
     if ckpt is not None:
         head += ("; new checkpoint " + ckpt["new"]) if ckpt["written"] else "; NO new checkpoint"
-    if result["loss"]["steps_lost"] is not None:
-        head += f"; {result['loss']['steps_lost']} steps after the newest checkpoint lost"
+    loss = result["loss"]
+    if loss["steps_lost"] is not None:
+        head += (f"; {loss['steps_lost']} steps after the newest checkpoint lost" if loss["checkpoint"]
+                 else f"; no checkpoint at all: all {loss['steps_lost']} steps of the run lost")
     if result["other_gpu_holders"]:
         head += f"; {_others(result)}"
     return head

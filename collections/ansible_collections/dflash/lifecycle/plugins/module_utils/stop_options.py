@@ -61,6 +61,7 @@ ARGUMENT_SPEC = {
     "py_spy_timeout": {"type": "float", "default": 10},
     "detach": {"type": "bool", "default": False},
     "detach_dir": {"type": "path", "default": "/run/dflash"},
+    "progress_file": {"type": "path"},
 }
 
 

@@ -20,14 +20,19 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options impo
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
 
-def throughput(log_file, step_regex, patterns, lines):
-    """The last progress line's step and figure, and the median of the last `lines` figures."""
+def throughput(log_file, step_regex, patterns, lines, history=0):
+    """The last progress line's step and figure, the median of the last `lines` figures, and
+    with history, up to that many (step, tok/s) points spread over the log."""
     reader = progress.LogReader(step_regex, patterns)
-    points = reader.progress_lines(progress.read_lines(log_file, max_bytes=256 * 1024))
+    points = reader.progress_lines(progress.read_lines(log_file))
     recent = [figure for _step, figure, _line in points[-lines:]]
-    return {"step": points[-1][0] if points else None,
-            "last": points[-1][1] if points else None,
-            "median": progress.median(recent), "lines": len(recent)}
+    report = {"step": points[-1][0] if points else None,
+              "last": points[-1][1] if points else None,
+              "median": progress.median(recent), "lines": len(recent)}
+    if history:
+        picked = points if len(points) <= history else [points[i * len(points) // history] for i in range(history)]
+        report["history"] = [[step, figure] for step, figure, _line in picked]
+    return report
 
 
 def read(params, proc_root="/proc"):
@@ -46,7 +51,7 @@ def read(params, proc_root="/proc"):
         installed = releases.status(params["release_base"])
         state["release"] = {key: installed[key] for key in ("current", "previous", "drift", "launch_failures")}
     state["throughput"] = throughput(params["log_file"], params["step_regex"], params["throughput_patterns"],
-                                     params["throughput_lines"])
+                                     params["throughput_lines"], params["throughput_history"])
     state["throughput"]["at_launch"] = (rundir.read_launch_record(params["pidfile"]) or {}).get("tokens_per_s")
     done = sorted((e["mtime"], n) for n, e in checkpoints.entries(
         params["checkpoint_dir"], params["checkpoint_pattern"]).items() if e["complete"])

@@ -205,9 +205,18 @@ options:
   detach_dir:
     description:
       - Root-only directory (a real directory, not a symlink) where the detached stop leaves
-        C(stop.worker), C(stop.progress.json) and C(stop.result.json).
+        C(stop.worker) and C(stop.result.json).
     type: path
     default: /run/dflash
+  progress_file:
+    description:
+      - While it waits, the stop writes its progress here about once a second (the stage and its
+        signal, the seconds waited against the bound, the processes still running, the checkpoint
+        bytes written since the stop began, the steps not yet in a checkpoint), and removes it when
+        it ends. Its action plugin sets it (in O(detach_dir)) and shows it on the controller once a
+        wait passes 10 seconds, every 5 seconds, in C(ansible-playbook) and AWX output alike.
+      - Must be in a root-only directory (written with O_NOFOLLOW and renamed into place).
+    type: path
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
   - ansible.builtin.action_common_attributes
@@ -398,9 +407,9 @@ def main():
     except InvalidParameter as err:
         module.fail_json(msg=str(err))
 
-    def stop(progress=None):
+    def stop():
         try:
-            return staged_stop.run(options, check_mode=module.check_mode, progress=progress)
+            return staged_stop.run(options, check_mode=module.check_mode)
         except staged_stop.StopFailed as err:
             return dict(err.result, failed=True)
 

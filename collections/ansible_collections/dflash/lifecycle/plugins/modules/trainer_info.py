@@ -50,6 +50,10 @@ options:
     description: How many of the last progress lines make the median.
     type: int
     default: 5
+  throughput_history:
+    description: Also return up to this many (step, tok/s) points spread over the log (C(throughput.history)); 0 for none.
+    type: int
+    default: 0
   release_base:
     description: Directory of the releases; unset, no release is read.
     type: path
@@ -116,7 +120,9 @@ release:
 throughput:
   description: >-
     The step and tok/s of the last progress line (C(step), C(last)), the median of the last
-    O(throughput_lines) (C(median), C(lines)), and the figure recorded at the launch (C(at_launch)).
+    O(throughput_lines) (C(median), C(lines)), the figure recorded at the last launch
+    (C(at_launch), the new run's window its redeploy measured), and with O(throughput_history) the
+    points C([step, tok/s]) (C(history)).
   returned: always
   type: dict
   sample: {step: 8120, last: 14210.5, median: 14188.0, lines: 5, at_launch: 14002.3}
@@ -151,6 +157,7 @@ def main():
             "throughput_patterns": {"type": "list", "elements": "str",
                                     "default": list(progress.THROUGHPUT_PATTERNS)},
             "throughput_lines": {"type": "int", "default": 5},
+            "throughput_history": {"type": "int", "default": 0},
             "release_base": {"type": "path"},
             "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
         },

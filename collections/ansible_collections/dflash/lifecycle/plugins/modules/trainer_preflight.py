@@ -60,6 +60,43 @@ options:
       pattern:
         description: Regex on its command line, for a trainer without a pidfile.
         type: str
+  throughput:
+    description:
+      - Read the running trainer's recent throughput from its log (the throughput canary's
+        "before"), the way M(dflash.lifecycle.trainer_process) reads the new run's.
+    type: dict
+    suboptions:
+      log_file:
+        description: Its log.
+        type: path
+        required: true
+      lines:
+        description: The median is over its last this many progress lines.
+        type: int
+        default: 5
+      warmup_lines:
+        description: Progress lines at the start of the log left out.
+        type: int
+        default: 1
+      step_regex:
+        description: Regex whose first group is the step number of a progress line.
+        type: str
+        default: \bstep[\s:=#]*(\d+)\b
+      throughput_patterns:
+        description: Regexes of the throughput figure (a group named C(value), an optional C(unit)).
+        type: list
+        elements: str
+        default:
+          - \btok(?:en)?s?/s\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm](?![A-Za-z]))?
+          - (?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm])?\s*tok(?:en)?s?/s\b
+      profile_line_regex:
+        description: Regex of the trainer's ProfileStats lines.
+        type: str
+        default: ProfileStats
+      profile_stage_regex:
+        description: Regex of one stage in such a line (groups C(stage), C(avg), C(max)).
+        type: str
+        default: (?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms
   release:
     description:
       - Also read the releases installed under O(release.base) and compare the current one with
@@ -147,6 +184,13 @@ trainer_pid:
   description: Its PID, or null.
   returned: when trainer is set
   type: int
+throughput_before:
+  description: >-
+    The running trainer's median tok/s over its last progress lines and its per-stage timings, as
+    M(dflash.lifecycle.trainer_process) RV(dflash.lifecycle.trainer_process#module:throughput) has
+    them (C(tokens_per_s) null when its log has no progress line).
+  returned: when throughput is set and a trainer runs
+  type: dict
 release_status:
   description: >-
     What M(dflash.lifecycle.trainer_release) V(status) returns for O(release) - C(present),
@@ -156,7 +200,9 @@ release_status:
   type: dict
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, releases, trainer_finding
+import re
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, progress, releases, trainer_finding
 
 
 def main():
@@ -175,6 +221,16 @@ def main():
                 "pidfile": {"type": "path"},
                 "pattern": {"type": "str"},
             }},
+            "throughput": {"type": "dict", "options": {
+                "log_file": {"type": "path", "required": True},
+                "lines": {"type": "int", "default": 5},
+                "warmup_lines": {"type": "int", "default": 1},
+                "step_regex": {"type": "str", "default": progress.STEP_REGEX},
+                "throughput_patterns": {"type": "list", "elements": "str",
+                                        "default": list(progress.THROUGHPUT_PATTERNS)},
+                "profile_line_regex": {"type": "str", "default": progress.PROFILE_LINE_REGEX},
+                "profile_stage_regex": {"type": "str", "default": progress.PROFILE_STAGE_REGEX},
+            }},
             "release": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
                 "release": {"type": "str", "required": True},
@@ -188,6 +244,15 @@ def main():
     if module.params["trainer"]:
         running = trainer_finding.running(module.params["trainer"]["pidfile"], module.params["trainer"]["pattern"])
         result.update(trainer_running=running is not None, trainer_pid=running.pid if running else None)
+        wanted_figures = module.params["throughput"]
+        if wanted_figures and running is not None:
+            try:
+                reader = progress.LogReader(wanted_figures["step_regex"], wanted_figures["throughput_patterns"],
+                                            wanted_figures["profile_line_regex"], wanted_figures["profile_stage_regex"])
+            except (ValueError, re.error) as err:
+                module.fail_json(msg=f"throughput: {err}")
+            result["throughput_before"] = reader.window(progress.read_lines(wanted_figures["log_file"]),
+                                                        wanted_figures["lines"], wanted_figures["warmup_lines"])
     wanted = module.params["release"]
     if wanted:
         result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])

@@ -11,8 +11,11 @@ version_added: 0.1.0
 author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
   - Runs inside the CT. Refuses to start when a trainer already runs (O(pidfile) alive, or a
-    process matching O(pattern)), when a process holds one of O(device_paths) (the GPUs the run
-    needs, each holder named), or when O(checkpoint_dir) has less than O(min_free_gb) free.
+    process matching O(pattern)) or when O(checkpoint_dir) has less than O(min_free_gb) free.
+    Then it waits, at most O(gpu_free_timeout) seconds, until the GPUs the run needs (O(gpus))
+    are free - their memory, by nvidia-smi, below O(gpu_free_threshold_mib) and no process of
+    the CT holding one of O(device_paths) - and fails naming each GPU, its used memory and its
+    holders when they are not.
   - Starts O(command) with setsid, SIGINT/SIGTERM/SIGHUP/SIGQUIT at their default dispositions
     and an empty signal mask (so the staged stop's SIGINT reaches the trainer's KeyboardInterrupt
     handler), stdin from /dev/null, stdout and stderr appended to O(log_file) after rotating the
@@ -59,10 +62,36 @@ options:
     type: bool
     default: true
   device_paths:
-    description: Device files of the GPUs the run uses; a holder means the GPUs are busy.
+    description: Device files of the GPUs the run uses; a process of the CT holding one means the GPUs are busy.
     type: list
     elements: str
     default: []
+  gpus:
+    description:
+      - Indexes of the GPUs the run uses, as nvidia-smi numbers them (CUDA's too with
+        C(CUDA_DEVICE_ORDER=PCI_BUS_ID)). Before the start the launch waits, at most
+        O(gpu_free_timeout) seconds, until each uses at most O(gpu_free_threshold_mib) MiB, since
+        the driver frees a stopped run's memory some time after its processes are gone and a run
+        started before that dies with CUDA out-of-memory. A process of the CT holding one of
+        O(device_paths) is refused at once, without a wait. Empty skips the memory check (the
+        device files are still checked).
+    type: list
+    elements: int
+    default: []
+  nvidia_smi:
+    description: The nvidia-smi command, by absolute path (the NVIDIA driver installs it in C(/usr/bin)).
+    type: path
+    default: /usr/bin/nvidia-smi
+  gpu_free_threshold_mib:
+    description: Used memory, in MiB, under which a GPU counts as free (an idle GPU shows a few MiB).
+    type: int
+    default: 1024
+  gpu_free_timeout:
+    description:
+      - Seconds the launch waits for the GPUs to be free; then it fails naming each GPU, its used
+        memory and its holders, and starts nothing. A check run looks once and does not wait.
+    type: float
+    default: 60
   run_dir:
     description: Root-only directory of O(wrapper_script), O(secrets_env) and usually O(pidfile).
     type: path
@@ -153,6 +182,37 @@ options:
     default:
       - \btok(?:en)?s?/s\s*[=:]?\s*(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm](?![A-Za-z]))?
       - (?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[KkMm])?\s*tok(?:en)?s?/s\b
+  profile_line_regex:
+    description: Regex of the lines holding the trainer's per-stage telemetry (ProfileStats).
+    type: str
+    default: ProfileStats
+  profile_stage_regex:
+    description:
+      - Regex of one stage in such a line; groups named C(stage), C(avg) and optionally C(max),
+        in milliseconds. The default reads C(drafter avg 40.10ms max 45.20ms).
+    type: str
+    default: (?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms
+  throughput_lines:
+    description:
+      - Once healthy, wait until the run has logged this many progress lines after the first
+        O(throughput_warmup_lines), and report their median throughput and per-stage timings
+        (RV(throughput); the redeploy's canary compares it with the run it replaced). 0 reports none.
+    type: int
+    default: 5
+  throughput_warmup_lines:
+    description: Progress lines at the start of the run left out of RV(throughput) (warm-up).
+    type: int
+    default: 1
+  throughput_timeout:
+    description: Seconds the wait for those lines may take; what is there then is reported (C(complete=false)).
+    type: float
+    default: 300
+  progress_file:
+    description:
+      - While it waits for health and throughput, the launch writes its progress here about once a
+        second (its action plugin sets it in O(run_dir) and shows it on the controller once a wait
+        passes 10 seconds).
+    type: path
   health_timeout:
     description: Seconds to wait for health.
     type: float
@@ -240,6 +300,14 @@ healthy_after_s:
   description: Seconds from the start until it counted as healthy.
   returned: success
   type: float
+gpu_wait:
+  description: >-
+    How long the launch waited for the GPUs to be free (C(waited_s)), what held them when it
+    began (C(held_at_start), null when they were free), and each GPU's used MiB when it went on
+    (C(gpus)); on failure C(waited_s), C(busy) and C(holders).
+  returned: when O(refuse_busy) is true and the run directory was prepared
+  type: dict
+  sample: {waited_s: 2.6, held_at_start: "GPU 5: 30000 of 81559 MiB used (threshold 1024 MiB)", gpus: {"5": 3}}
 written:
   description: Files and directories of the run that were written or created.
   returned: always
@@ -253,6 +321,16 @@ tokens_per_s:
   description: The throughput figure of the first progress line, in tokens per second.
   returned: success
   type: float
+throughput:
+  description: >-
+    The run's median tok/s over O(throughput_lines) progress lines after its warm-up
+    (C(tokens_per_s), null when it logged none), how many there were (C(lines), C(complete)), the
+    steps they span, each stage's median average and largest maximum in ms (C(stages)), and the
+    seconds waited for them (C(waited_s)).
+  returned: success
+  type: dict
+  sample: {tokens_per_s: 14210.5, lines: 5, complete: true, first_step: 300, last_step: 500,
+           stages: {drafter: {avg_ms: 40.1, max_ms: 45.2}}, waited_s: 12.4}
 step:
   description: The step number of the first progress line.
   returned: success
@@ -287,7 +365,27 @@ log_tail:
 
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, leased, progress, releases, rundir, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory, launch, leased, progress, releases, rundir, trainer_finding
+
+
+def wait_for_gpus(module, params, done):
+    """Wait (a check run: look once) until the GPUs the run needs are free; fail naming each
+    GPU still used, its memory and its holders."""
+    nvidia_smi = params["nvidia_smi"]
+    report = rundir.ProgressFile(params.get("progress_file"))
+    try:
+        return gpu_memory.wait_free(
+            params["gpus"], params["gpu_free_threshold_mib"],
+            0 if module.check_mode else params["gpu_free_timeout"],
+            read=lambda: gpu_memory.read_gpus(nvidia_smi) if params["gpus"] else {},
+            holders=lambda: gpu_memory.device_holders(params["device_paths"]), report=report)
+    except gpu_memory.GpuQueryError as err:
+        module.fail_json(msg=f"gpus: cannot read the GPUs' memory ({err}); set nvidia_smi, or "
+                             "gpus to [] to skip the memory check; nothing was started", **done)
+    except gpu_memory.GpusBusy as err:
+        module.fail_json(msg=str(err), **done, **err.details)
+    finally:
+        report.close()
 
 
 def main():
@@ -304,6 +402,10 @@ def main():
             "create_dirs": {"type": "list", "elements": "path", "default": []},
             "refuse_busy": {"type": "bool", "default": True},
             "device_paths": {"type": "list", "elements": "str", "default": []},
+            "gpus": {"type": "list", "elements": "int", "default": []},
+            "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
+            "gpu_free_threshold_mib": {"type": "int", "default": 1024},
+            "gpu_free_timeout": {"type": "float", "default": 60},
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
             "checkpoint_dir": {"type": "path"},
@@ -317,6 +419,12 @@ def main():
                                                    "collection_name": "dflash.lifecycle"}]},
             "throughput_patterns": {"type": "list", "elements": "str",
                                     "default": list(progress.THROUGHPUT_PATTERNS)},
+            "profile_line_regex": {"type": "str", "default": progress.PROFILE_LINE_REGEX},
+            "profile_stage_regex": {"type": "str", "default": progress.PROFILE_STAGE_REGEX},
+            "throughput_lines": {"type": "int", "default": 5},
+            "throughput_warmup_lines": {"type": "int", "default": 1},
+            "throughput_timeout": {"type": "float", "default": 300},
+            "progress_file": {"type": "path"},
             "health_timeout": {"type": "float", "default": 300},
             "activate": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
@@ -336,19 +444,16 @@ def main():
         module.fail_json(msg=f"a trainer is already running: PID {running.pid} "
                              f"({running.cmdline[:200]}); stop it first", pid=running.pid,
                          written=written)
-    busy = launch.gpu_holders(params["device_paths"]) if params["refuse_busy"] else {}
-    if busy:
-        module.fail_json(msg="GPUs in use: " + "; ".join(
-            f"{dev} held by " + ", ".join(f"PID {h['pid']} ({h['cmdline'][:80]})" for h in holders)
-            for dev, holders in sorted(busy.items())), busy=busy, written=written)
     short = launch.free_space_short(params["checkpoint_dir"], params["min_free_gb"])
     if short:
         module.fail_json(msg=f"checkpoint_dir: {short}; nothing was started", written=written)
     try:
-        progress.LogReader(params["step_regex"], params["throughput_patterns"])
+        launch.reader_of(params)
     except (ValueError, re.error) as err:
-        module.fail_json(msg=f"step_regex/throughput_patterns: {err}", written=written)
+        module.fail_json(msg=f"step_regex/throughput_patterns/profile_*_regex: {err}", written=written)
     done = {"written": written}
+    if params["refuse_busy"]:
+        done["gpu_wait"] = wait_for_gpus(module, params, done)
     wanted = params["activate"]
     if wanted:
         try:
@@ -368,8 +473,9 @@ def main():
         module.fail_json(msg=f"pidfile: {err}", **done)
     if wanted:
         releases.record_launch(wanted["base"], wanted["release"])
-    rundir.write_launch_record(params["pidfile"], {key: result[key] for key in (
-        "pid", "run_id", "step", "tokens_per_s", "first_progress_s", "healthy_after_s")})
+    rundir.write_launch_record(params["pidfile"], dict(
+        {key: result[key] for key in ("pid", "run_id", "step", "first_progress_s", "healthy_after_s")},
+        tokens_per_s=result["throughput"]["tokens_per_s"], release=(wanted or {}).get("release")))
     module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 

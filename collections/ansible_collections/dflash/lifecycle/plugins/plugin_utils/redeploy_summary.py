@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shlex
 
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
+
 
 def _ok(result):
     return isinstance(result, dict) and not result.get("failed") and not result.get("skipped")
@@ -57,6 +59,8 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
                           ("push", install), ("stop", stop), ("launch", first_launch)):
         if _failed(result):
             errors.append(f"{phase} failed: {_msg(result)}")
+    if (canary or {}).get("action"):
+        errors.append(f"throughput regression: {throughput_canary.words(canary)}")
     if rescue_error:
         errors.append(f"rollback failed: {' '.join(str(rescue_error).split())}")
     running = _ok(launch) and launch.get("pid") is not None and not launch.get("check_mode")
@@ -76,6 +80,9 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "other_gpu_holders": len((stop or {}).get("other_gpu_holders") or []),
         "pid": launch.get("pid") if running else None,
         "run_id": launch.get("run_id") if running else None,
+        # the driver still freeing the old run's GPU memory when the launch began
+        "gpu_wait_seconds": ((launch or {}).get("gpu_wait") or {}).get("waited_s")
+        if running and ((launch or {}).get("gpu_wait") or {}).get("held_at_start") else None,
         "startup_seconds": launch.get("first_progress_s") if running else None,
         "healthy_seconds": launch.get("healthy_after_s") if running else None,
         "tokens_per_s": launch.get("tokens_per_s") if running else None,
@@ -117,14 +124,16 @@ def _stop_words(stop, data):
 
 def _launch_words(launch, failed_launch, data):
     if failed_launch is not None and data["rolled_back_to"] and data["pid"]:
-        return (f"launch failed, rolled back to {data['rolled_back_to']}: PID {data['pid']} running "
+        why = "launch failed" if _failed(failed_launch) else "throughput regression"
+        return (f"{why}, rolled back to {data['rolled_back_to']}: PID {data['pid']} running "
                 f"again, first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
     if launch is None or launch.get("skipped"):
         return "not launched"
     if _failed(launch):
         return "launch failed"
     if data["pid"]:
-        return (f"PID {data['pid']}, first progress after {data['startup_seconds']}s, healthy after "
+        waited = f"waited {data['gpu_wait_seconds']}s for the GPUs, " if data["gpu_wait_seconds"] else ""
+        return (f"PID {data['pid']}, {waited}first progress after {data['startup_seconds']}s, healthy after "
                 f"{data['healthy_seconds']}s, {data['tokens_per_s']} tok/s")
     return _msg(launch)
 
@@ -135,6 +144,8 @@ def report(data):
     lines = [head]
     if data["errors"]:
         lines.append("; ".join(data["errors"]))
+    if data["canary"] and not data["canary"]["action"]:  # an acted-on regression is among the errors
+        lines.append("canary: " + throughput_canary.words(data["canary"]))
     if data["trainer_running"] is False:
         lines.append("NO TRAINER IS RUNNING in this CT" + (
             f"; newest checkpoint {data['checkpoint']}" if data["checkpoint"] else ""))

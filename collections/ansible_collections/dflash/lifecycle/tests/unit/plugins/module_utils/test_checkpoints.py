@@ -100,6 +100,15 @@ def test_loss_and_interval(tmp_path):
     assert "50 steps not in a checkpoint" in checkpoints.describe_loss(loss)
 
 
+def test_without_any_checkpoint_every_logged_step_is_lost(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step 100 loss 1\nstep 250 loss 0.9\n")
+    (tmp_path / "ck").mkdir()
+    loss = directory(tmp_path / "ck", log_file=str(log)).loss()
+    assert (loss["checkpoint"], loss["last_logged_step"], loss["steps_lost"]) == (None, 250, 250)
+    assert checkpoints.describe_loss(loss) == "there is no complete checkpoint: a stop loses the whole run (250 steps)"
+
+
 def test_activity_is_sampled_at_most_twice_a_second(tmp_path):
     activity = checkpoints.Activity(str(tmp_path), window=5)
     (tmp_path / "f").write_text("x")

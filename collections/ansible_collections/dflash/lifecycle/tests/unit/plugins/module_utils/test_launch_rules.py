@@ -11,7 +11,9 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, pr
 def params(tmp_path, **extra):
     return dict({"log_file": str(tmp_path / "train.log"), "health_timeout": 10, "health_seconds": 0.3,
                  "step_regex": progress.STEP_REGEX, "throughput_patterns": list(progress.THROUGHPUT_PATTERNS),
-                 "log_keep": 3}, **extra)
+                 "profile_line_regex": progress.PROFILE_LINE_REGEX,
+                 "profile_stage_regex": progress.PROFILE_STAGE_REGEX, "throughput_lines": 0,
+                 "throughput_warmup_lines": 0, "throughput_timeout": 5, "log_keep": 3}, **extra)
 
 
 def run_trainer(tmp_path, script):
@@ -28,6 +30,27 @@ def test_a_progress_line_then_alive_is_healthy(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_throughput_window_waits_for_its_lines_after_the_warm_up(tmp_path):
+    script = ("import time\n"
+              "for step, figure, ms in ((10, 50.0, 9.0), (20, 100.0, 4.0), (30, 110.0, 3.0), (40, 90.0, 5.0)):\n"
+              "    print(f'step {step} loss 1 tok/s {figure}', flush=True)\n"
+              "    print(f'[ProfileStats step {step}] drafter avg {ms}ms max {ms + 1}ms', flush=True)\n"
+              "    time.sleep(0.3)\n"
+              "time.sleep(30)\n")
+    proc = run_trainer(tmp_path, script)
+    try:
+        facts = launch.wait_healthy(proc, params(tmp_path, health_seconds=0, throughput_lines=3,
+                                                 throughput_warmup_lines=1, progress_file=str(tmp_path / "p.json")))
+    finally:
+        proc.kill()
+        proc.wait()
+    window = facts["throughput"]
+    assert (window["tokens_per_s"], window["lines"], window["complete"]) == (100.0, 3, True)
+    assert (window["first_step"], window["last_step"]) == (20, 40)  # the warm-up line left out
+    assert window["stages"] == {"drafter": {"avg_ms": 4.0, "max_ms": 6.0}}
+    assert window["waited_s"] >= 0.5 and not (tmp_path / "p.json").exists()
 
 
 def test_a_traceback_with_tok_s_in_its_source_line_is_no_health(tmp_path):
@@ -59,6 +82,17 @@ def test_a_failed_attempt_is_set_aside_and_the_good_log_comes_back(tmp_path):
     assert launch.set_failed_log_aside(str(log), 3) == f"{log}.failed"
     assert log.read_text() == "the good run\n" and (tmp_path / "train.log.failed").read_text() == "the failed attempt\n"
     assert not (tmp_path / "train.log.1").exists()
+
+
+def test_a_command_that_cannot_start_fails_with_its_cause_and_nothing_written(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("the good run\n")
+    missing = str(tmp_path / "no-such-trainer")
+    with pytest.raises(launch.LaunchError) as caught:
+        launch.start(params(tmp_path, command=[missing], pidfile=str(tmp_path / "trainer.pid"), cwd=str(tmp_path)))
+    assert str(caught.value).startswith(f"cannot start {missing}: [Errno 2]")
+    assert caught.value.details["running"] is False
+    assert log.read_text() == "the good run\n" and not (tmp_path / "trainer.pid").exists()
 
 
 def test_resume_auto_adds_the_resume_arguments_only_with_a_complete_checkpoint(tmp_path):

@@ -48,3 +48,24 @@ def test_traceback_is_found_with_its_exception_line():
              "    log(f\"tok/s {x / 0}\")", "ZeroDivisionError: division by zero", "after"]
     assert progress.traceback_in(lines) == lines[1:5]
     assert progress.traceback_in(lines[:1]) is None
+    assert progress.traceback_in(lines[:4]) is None  # still being written: no exception line yet
+
+
+def test_profile_stats_and_the_window_after_the_warm_up():
+    reader = progress.LogReader()
+    lines = ["step 5 loss 3 tok/s 50.0", "[ProfileStats step 5] data avg 9.00ms max 9.50ms | drafter avg 50.00ms max 60.00ms",
+             "step 10 loss 2 tok/s 100.0", "[ProfileStats step 10] data avg 1.00ms max 1.50ms | drafter avg 40.00ms max 41.00ms",
+             "step 15 loss 2 | 120.0 tok/s", "[ProfileStats step 15] data avg 3.00ms max 7.00ms | drafter avg 42.00ms max 44.00ms",
+             "noise"]
+    assert reader.stages(lines[1]) == {"data": (9.0, 9.5), "drafter": (50.0, 60.0)}
+    assert reader.stages(lines[0]) is None
+    window = reader.window(lines, count=5, warmup=1)
+    assert (window["tokens_per_s"], window["lines"], window["first_step"], window["last_step"]) == (110.0, 2, 10, 15)
+    assert window["stages"] == {"data": {"avg_ms": 2.0, "max_ms": 7.0}, "drafter": {"avg_ms": 41.0, "max_ms": 44.0}}
+    assert reader.window(lines[:1], count=5, warmup=1) == {"tokens_per_s": None, "lines": 0, "first_step": None,
+                                                           "last_step": None, "stages": {}}
+
+
+def test_a_stage_regex_needs_stage_and_avg():
+    with pytest.raises(ValueError):
+        progress.LogReader(profile_stage_regex=r"(\w+) (\d+)ms")

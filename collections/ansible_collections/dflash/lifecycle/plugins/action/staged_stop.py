@@ -1,0 +1,24 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin of dflash.lifecycle.staged_stop: runs the module and, while a wait of the stop
+passes 10 seconds, shows its progress on the controller (plugin_utils/progress_watch.py)."""
+
+from __future__ import annotations
+
+import os
+
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ProgressWatch, stop_words
+
+
+class ActionModule(ActionBase):
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        args = dict(self._task.args)
+        if not args.get("progress_file"):
+            args["progress_file"] = os.path.join(args.get("detach_dir") or "/run/dflash", "stop.progress.json")
+        watch = ProgressWatch(self._connection, args["progress_file"], stop_words, task_vars.get("inventory_hostname"))
+        result.update(watch.run(lambda: self._execute_module(
+            module_name="dflash.lifecycle.staged_stop", module_args=args, task_vars=task_vars)))
+        return result

@@ -1,0 +1,97 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Show a long wait's progress on the controller while a module waits in the CT.
+
+A stop can wait minutes (SIGINT while a 27B-model checkpoint is written, or the next periodic
+checkpoint), a launch too (health, then the progress lines the canary needs); a terminal or an
+AWX job that shows nothing for ten minutes looks hung. The module writes its progress to a
+file in the CT about once a second (module_utils/rundir.py ProgressFile); while it runs, this
+reads that file through the task's own connection and prints a line through Ansible's display,
+which reaches ansible-playbook's output and AWX's job events alike. A wait that ends within
+FIRST_AFTER seconds prints nothing: the quiet case stays quiet, and costs no extra round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+
+from ansible.utils.display import Display
+
+display = Display()
+
+FIRST_AFTER = 10.0
+EVERY = 5.0
+
+
+def stop_words(progress):
+    """A stop's progress line."""
+    words = f"stop stage {progress.get('stage')} ({progress.get('signal')}): {progress.get('elapsed')}s"
+    if progress.get("bound") is not None:
+        words += f" of {progress['bound']}s"
+    words += f", {progress.get('running')} process(es) of the run still running"
+    if progress.get("checkpoint_bytes") is not None:
+        words += f", checkpoint +{progress['checkpoint_bytes'] / 1e6:.1f} MB written"
+    if progress.get("steps_since_checkpoint") is not None:
+        words += f", {progress['steps_since_checkpoint']} steps not in a checkpoint yet"
+    return words
+
+
+def launch_words(progress):
+    """A launch's progress line: the wait for free GPUs, the health wait, then the canary's
+    wait for progress lines."""
+    if progress.get("phase") == "gpus":
+        return (f"waiting for the GPUs to be free: {progress.get('elapsed')}s of "
+                f"{progress.get('bound')}s; {progress.get('held')}")
+    if progress.get("phase") == "throughput":
+        figure = progress.get("tokens_per_s")
+        return (f"throughput: {progress.get('lines')} of {progress.get('of')} progress lines, "
+                f"{'no figure yet' if figure is None else f'{figure:.1f} tok/s so far'}, "
+                f"{progress.get('elapsed')}s of {progress.get('bound')}s")
+    return (f"waiting for health: {progress.get('elapsed')}s of {progress.get('bound')}s, "
+            f"{'a progress line seen' if progress.get('progress_line') else 'no progress line yet'}")
+
+
+class ProgressWatch:
+    """Runs call() (the module) in a thread; while it runs past FIRST_AFTER seconds, shows
+    the progress file's content, rendered by render, every EVERY seconds when it changed."""
+
+    def __init__(self, connection, path, render, host):
+        self.connection = connection
+        self.path = path
+        self.render = render
+        self.host = host
+
+    def run(self, call):
+        outcome = {}
+
+        def target():
+            try:
+                outcome["result"] = call()
+            except BaseException as err:  # noqa: BLE001  (raised again in the caller's thread)
+                outcome["error"] = err
+
+        worker = threading.Thread(target=target, name="module", daemon=True)
+        worker.start()
+        worker.join(FIRST_AFTER)
+        shown = None
+        while worker.is_alive():
+            text = self._read()
+            if text and text != shown:
+                shown = text
+                try:
+                    display.display(f"{self.host}: {self.render(json.loads(text))}")
+                except ValueError:
+                    pass  # a file being replaced: the next read has it
+            worker.join(EVERY)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    def _read(self):
+        try:
+            code, out, _err = self.connection.exec_command(f"cat {shlex.quote(self.path)} 2>/dev/null")
+        except Exception:  # noqa: BLE001  (showing progress must never fail the task)
+            return None
+        return out.decode("utf-8", "replace").strip() if code == 0 else None

@@ -1,0 +1,47 @@
+"""plugin_utils/progress_watch.py: a long wait shows its progress, a short one stays quiet."""
+
+import json
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import progress_watch
+
+
+class Connection:
+    def __init__(self):
+        self.reads = 0
+        self.content = b""
+
+    def exec_command(self, command):
+        self.reads += 1
+        return 0, self.content, b""
+
+
+def test_a_short_wait_prints_nothing_and_reads_nothing(monkeypatch):
+    shown = []
+    monkeypatch.setattr(progress_watch.display, "display", shown.append)
+    connection = Connection()
+    watch = progress_watch.ProgressWatch(connection, "/run/dflash/stop.progress.json", progress_watch.stop_words, "ct1")
+    assert watch.run(lambda: {"changed": True}) == {"changed": True}
+    assert shown == [] and connection.reads == 0
+
+
+def test_a_long_wait_shows_each_change(monkeypatch):
+    shown = []
+    monkeypatch.setattr(progress_watch.display, "display", shown.append)
+    monkeypatch.setattr(progress_watch, "FIRST_AFTER", 0.1)
+    monkeypatch.setattr(progress_watch, "EVERY", 0.1)
+    connection = Connection()
+    connection.content = json.dumps({"stage": 1, "signal": "SIGINT", "elapsed": 12.0, "bound": 120, "running": 2,
+                                     "checkpoint_bytes": 5e6, "steps_since_checkpoint": 40}).encode()
+    watch = progress_watch.ProgressWatch(connection, "/p", progress_watch.stop_words, "ct1")
+    assert watch.run(lambda: time.sleep(0.5) or {"ok": 1}) == {"ok": 1}
+    assert shown == ["ct1: stop stage 1 (SIGINT): 12.0s of 120s, 2 process(es) of the run still running, "
+                     "checkpoint +5.0 MB written, 40 steps not in a checkpoint yet"]  # shown once: unchanged after
+
+
+def test_the_launch_words():
+    assert progress_watch.launch_words({"phase": "throughput", "lines": 2, "of": 5, "tokens_per_s": 14000.0,
+                                        "elapsed": 11.0, "bound": 300}) == \
+        "throughput: 2 of 5 progress lines, 14000.0 tok/s so far, 11.0s of 300s"
+    assert progress_watch.launch_words({"phase": "health", "elapsed": 12.5, "bound": 300}) == \
+        "waiting for health: 12.5s of 300s, no progress line yet"

@@ -1,0 +1,108 @@
+"""The throughput canary on the testbed: every redeploy compares the run it replaced with the run
+it started, and a slower release is reported, fails its CT or is rolled back."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from testlib import BIN, REPO, TRAINER, tool_env
+
+REDEPLOY = os.path.join(REPO, "redeploy.yml")
+SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
+CTS = {"ct200": ("pve1", 200), "ct201": ("pve1", 201)}
+# progress lines every 5 steps (0.25 s), the canary over 3 of them after 1 of warm-up
+FAST = {"dflash_profile_interval": 5, "trainer_run_throughput_lines": 3, "trainer_run_throughput_warmup_lines": 1}
+
+
+def in_ct(testbed, host, command, check=True):
+    node, vmid = CTS[host]
+    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+
+
+def source(tmp_path, name, slowdown):
+    src = tmp_path / name
+    src.mkdir()
+    text = open(TRAINER, encoding="utf-8").read()
+    (src / "train_dflash_pipeline.py").write_text(text.replace("RELEASE_SLOWDOWN = 1.0", f"RELEASE_SLOWDOWN = {slowdown}"))
+    return str(src)
+
+
+def redeploy(testbed, hosts, *extra, inventory=None, **extra_vars):
+    args = [os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", hosts, "-e", json.dumps(dict(FAST, **extra_vars)), *extra]
+    if inventory:
+        args[1:1] = ["-i", inventory]
+    res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
+    res.out = " ".join(res.stdout.split())  # the callback folds long lines
+    return res
+
+
+def current(testbed, host):
+    return in_ct(testbed, host, "readlink /opt/dflash/current").stdout.strip().split("/")[-1]
+
+
+def pid(testbed, host):
+    return in_ct(testbed, host, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def running(testbed, tmp_path_factory):
+    """ct200 and ct201 run the example trainer's default release, logging every 5 steps."""
+    for host in CTS:
+        for trainer in in_ct(testbed, host, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
+            in_ct(testbed, host, f"kill -KILL {trainer}", check=False)
+        in_ct(testbed, host, "rm -rf /workspace/checkpoints")
+    testbed.playbook(SEED, "-e", "seed_hosts=ct200,ct201")
+    res = redeploy(testbed, "ct200,ct201", "-e", "redeploy_serial=2")
+    assert res.returncode == 0, res.stdout
+    return testbed
+
+
+def test_an_equal_release_passes_the_canary(running):
+    res = redeploy(running, "ct201", redeploy_canary_policy="fail")
+    assert res.returncode == 0, res.stdout
+    figures = re.search(r"canary: tok/s ([0-9.]+) -> ([0-9.]+) \(([-+][0-9.]+)%, threshold -5.0%\)", res.out)
+    assert figures, res.out
+    assert abs(float(figures.group(3))) < 5 and "REGRESSION" not in res.out
+
+
+def test_a_slower_release_under_rollback_runs_the_old_one_again(running, tmp_path):
+    old, old_pid = current(running, "ct201"), pid(running, "ct201")
+    res = redeploy(running, "ct201", redeploy_canary_policy="rollback", trainer_code_src=source(tmp_path, "slow", 1.6))
+    assert res.returncode != 0
+    figures = re.search(r"throughput regression: tok/s ([0-9.]+) -> ([0-9.]+) \((-[0-9.]+)%, threshold -5.0%\): "
+                        r"REGRESSION, rollback; target \+[0-9.]+ ms", res.out)
+    assert figures and float(figures.group(2)) < float(figures.group(1)), res.out
+    assert f"throughput regression, rolled back to {old}: PID" in res.out
+    # the old release runs again, resumed from the checkpoint the rejected run wrote
+    assert current(running, "ct201") == old and pid(running, "ct201") != old_pid
+    assert re.search(r"resumed from /workspace/checkpoints/step_\d+", in_ct(running, "ct201", "cat /workspace/logs/train.log").stdout)
+    dispatched = json.loads(in_ct(running, "ct201", "cat /run/dflash/launch.json").stdout)
+    assert dispatched["release"] is None  # the relaunch ran what current points to: the old release
+
+
+def test_a_slower_release_under_fail_stops_the_rollout_after_the_canary_batch(running, tmp_path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    untouched = pid(running, "ct201")
+    res = redeploy(running, "ct200,ct201", inventory=str(inventory), redeploy_canary_policy="fail",
+                   redeploy_serial=1, trainer_code_src=source(tmp_path, "slow", 1.6))
+    assert res.returncode != 0
+    recap = {line.split()[0]: line for line in res.stdout.splitlines() if " : ok=" in line}
+    assert "failed=1" in recap["ct200"] and "ct201" not in recap, res.stdout
+    assert "throughput regression: tok/s" in res.out and "REGRESSION, fail" in res.out
+    # the CT failed, its new run is left running; the next batch was never touched
+    assert in_ct(running, "ct200", f"test -d /proc/{pid(running, 'ct200')}", check=False).returncode == 0
+    assert pid(running, "ct201") == untouched
+
+
+def test_a_log_without_throughput_lines_is_unknown_not_a_failure(running):
+    # the running trainer's log is elsewhere: the canary has no "before"
+    in_ct(running, "ct201", "mv /workspace/logs/train.log /workspace/logs/moved.log")
+    res = redeploy(running, "ct201", redeploy_canary_policy="fail")
+    assert res.returncode == 0, res.stdout
+    assert re.search(r"canary: tok/s unknown -> [0-9.]+ \(not compared: the log of the old run had no progress line\)", res.out), res.out
