@@ -9,6 +9,9 @@ PYTHON ?= python3
 # the newest ansible-core runs on Python 3.12+ (pyenv has one on the project's machines)
 VENV_NEXT ?= .venv-next
 PYTHON_NEXT ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+# PyTorch for the GPU check's CPU mode (pip takes a local wheel where find-links has one)
+VENV_TORCH ?= .venv-torch
+TORCH_PIP_ARGS ?= torch==2.13.0 numpy
 INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?=
@@ -20,7 +23,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv venv-next testbed-up testbed-down testbed-status demo test lint ping bench \
+.PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test lint ping bench \
         restart check stop start push rollback status logs throughput host-guard host-required
 
 help: ## list the targets
@@ -58,6 +61,27 @@ $(VENV_NEXT)/.installed: requirements-next.txt
 	$(VENV_NEXT)/bin/pip install --quiet --disable-pip-version-check -r requirements-next.txt
 	touch $@
 
+venv-torch: $(VENV_TORCH)/.installed ## PyTorch (TORCH_PIP_ARGS) for the GPU check's CPU mode
+
+$(VENV_TORCH)/.installed:
+	$(PYTHON) -m venv $(VENV_TORCH)
+	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PIP_ARGS)
+	touch $@
+
+gpu-check: venv venv-torch ## the GPU check's four scenarios in CPU mode (make test runs them too)
+	$(BIN)/python bench/gpu_check.py --cpu --trainer-python $(VENV_TORCH)/bin/python
+
+# The GPU machine has Python 3.12 with PyTorch and no network: ansible-core and what it needs
+# travel there as wheels, the versions of this venv.
+GPU_WHEELS = ansible-core cffi cryptography jinja2 markupsafe packaging pycparser pyyaml resolvelib
+gpu-check-wheels: venv ## ansible-core and its dependencies as Python 3.12 wheels in .whl, for the GPU machine
+	rm -rf .whl
+	$(BIN)/pip download --quiet --disable-pip-version-check --only-binary=:all: --no-deps -d .whl \
+	  --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+	  $$($(BIN)/pip freeze | grep -iE '^($(subst $() ,|,$(GPU_WHEELS)))==')
+	@ls .whl | wc -l | xargs printf '%s wheels in .whl\n'
+
 testbed-up: setup ## bring up the local testbed (2 sshd nodes on loopback, 4 LXC CTs)
 	$(TESTBED) up
 
@@ -72,10 +96,8 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
 
-test: setup lint venv-next ## lint, then every test; then the collection's and the pct plugin's under the newest ansible-core
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
-	$(VENV_NEXT)/bin/python -m pytest $(PYTEST_ARGS) collections/ansible_collections/dflash/lifecycle/tests/unit \
-	  tests/integration/test_connection_plugin.py
+test: setup venv-next venv-torch ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
+	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
 bench: setup ## the benchmark tables (stop latency, push cost, redeploy cost, scale, check mode)
 	$(BIN)/python bench/stop_latency.py
