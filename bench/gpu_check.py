@@ -392,7 +392,8 @@ class GpuCheck:
             "another session's GPU process left running": facts["bystander_running"]
             and bystander.pid in facts["bystander_reported"],
             "the loss stated (no checkpoint was possible)": facts["checkpoint"] is None
-            and (facts["last_logged_step"] or 0) > 0 and "loses the whole run" in (facts["msg"] or "")}
+            and (facts["last_logged_step"] or 0) > 0 and facts["steps_lost"] == facts["last_logged_step"]
+            and f"all {facts['steps_lost']} steps of the run lost" in (facts["msg"] or "")}
         if not self.cpu:
             facts["checks"]["GPU memory back to baseline (the bystander's aside)"] = freed["freed_after_s"] is not None
         self.end(bystander.pid)
