@@ -115,8 +115,8 @@ def status(base, release=None):
     current = link_target(os.path.join(base, "current"))
     previous = link_target(os.path.join(base, "previous"))
     drift = {}
-    for rid in (current, previous, release):
-        if rid in ids and rid not in drift:
+    for rid in dict.fromkeys((current, previous, release)):  # each release verified once
+        if rid in ids:
             meta = read_meta(os.path.join(rdir, rid))
             found = verify(os.path.join(rdir, rid), meta.get("files", {}))
             if drifted(found):
