@@ -349,7 +349,7 @@ def train(args):
     crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"
     total_steps = args.epochs * args.steps_per_epoch
     warmup = max(1, int(total_steps * args.warmup_ratio))
-    window_tokens, window_start = 0, time.perf_counter()
+    window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
     timings = {"data": 0.0, "target": 0.0, "drafter": 0.0, "optim": 0.0}
     peaks = dict.fromkeys(timings, 0.0)
     try:
@@ -369,6 +369,7 @@ def train(args):
             state["epoch"] = state["step"] // args.steps_per_epoch
             state["tokens"] += tokens
             window_tokens += tokens
+            window_steps += 1
             if args.save_interval and state["step"] % args.save_interval == 0:
                 save_checkpoint(args.output_dir, model, state, "interval")
             t_optim = time.perf_counter()
@@ -383,14 +384,14 @@ def train(args):
                 peaks[key] = max(peaks[key], b - a)
             if state["step"] % max(1, args.profile_interval) == 0:
                 elapsed = time.perf_counter() - window_start
-                stages = " ".join(f"{k} {1000 * v / args.profile_interval:.2f}ms"
-                                  for k, v in timings.items())
+                # averages over the steps of this window: the first one after a resume is shorter
+                stages = " ".join(f"{k} {1000 * v / window_steps:.2f}ms" for k, v in timings.items())
                 log(f"step {state['step']} epoch {state['epoch']} loss {loss:.4f} "
                     f"tok/s {window_tokens / (0 if crash_in_progress else max(elapsed, 1e-9)):.1f} | {stages}")
                 log(f"[ProfileStats step {state['step']}] " + " | ".join(
-                    f"{k} avg {1000 * v / args.profile_interval:.2f}ms max {1000 * peaks[k]:.2f}ms"
+                    f"{k} avg {1000 * v / window_steps:.2f}ms max {1000 * peaks[k]:.2f}ms"
                     for k, v in timings.items()))
-                window_tokens, window_start = 0, time.perf_counter()
+                window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
                 peaks = dict.fromkeys(timings, 0.0)
     except KeyboardInterrupt:
