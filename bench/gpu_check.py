@@ -45,6 +45,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TRAINER = os.path.join(HERE, "gpu_trainer.py")
+sys.path.insert(0, os.path.join(REPO, "collections"))
+from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory  # noqa: E402
 TRAINER_PATTERN = r"gpu_trainer[.]py --output-dir"
 LADDER = [{"signal": "SIGINT", "scope": "main", "wait": 180},
           {"signal": "SIGTERM", "scope": "tree", "wait": 30},
@@ -105,20 +107,6 @@ def still_alive(processes):
     return {pid: info for pid, info in processes.items() if (stat_of(pid) or (0, None))[1] == info[0]}
 
 
-def device_file_holders(path):
-    """{pid: cmdline} of the processes holding path open."""
-    holders = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fds = os.listdir(f"/proc/{entry}/fd")
-                if any(os.readlink(f"/proc/{entry}/fd/{fd}") == path for fd in fds):
-                    holders[int(entry)] = cmdline_of(int(entry))
-            except OSError:
-                continue
-    return holders
-
-
 def wait_for(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while True:
@@ -151,7 +139,7 @@ class GpuCheck:
         self.device_paths = [os.path.join(self.devices, "nvidia0") if self.cpu else "/dev/nvidia0"]
         # a machine's own holder of the device file (nvidia-persistenced, say) would make every
         # launch refuse: the launch then checks the GPU's memory only, and the report says so
-        self.foreign_holders = device_file_holders(self.device_paths[0])
+        self.foreign_holders = gpu_memory.device_holders(self.device_paths)
         if self.foreign_holders:
             self.device_paths = []
         self.nvidia_smi = None if self.cpu else (shutil.which("nvidia-smi") or "/usr/bin/nvidia-smi")
