@@ -9,9 +9,10 @@ PYTHON ?= python3
 # the newest ansible-core runs on Python 3.12+ (pyenv has one on the project's machines)
 VENV_NEXT ?= .venv-next
 PYTHON_NEXT ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
-# PyTorch for the GPU check's CPU mode (pip takes a local wheel where find-links has one)
+# PyTorch for the GPU check's CPU mode and the real-format checks of the checkpoint imitations
+# (safetensors); pip takes a local wheel where find-links has one
 VENV_TORCH ?= .venv-torch
-TORCH_PIP_ARGS ?= torch==2.13.0 numpy
+TORCH_PIP_ARGS ?= torch==2.13.0 numpy safetensors==0.8.0
 INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?=
@@ -99,8 +100,9 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 test: setup venv-next venv-torch ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
-bench: setup ## the benchmark tables (stop latency, push cost, redeploy cost, scale, check mode)
+bench: setup ## the benchmark tables (stop latency, checkpoint check, push cost, redeploy cost, scale, check mode)
 	$(BIN)/python bench/stop_latency.py
+	$(BIN)/python bench/checkpoint_check.py
 	$(BIN)/python bench/push_cost.py
 	$(BIN)/python bench/redeploy_bench.py
 

@@ -48,6 +48,10 @@ TRAINER = os.path.join(HERE, "gpu_trainer.py")
 sys.path.insert(0, os.path.join(REPO, "collections"))
 from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory  # noqa: E402
 TRAINER_PATTERN = r"gpu_trainer[.]py --output-dir"
+# gpu_trainer.py's checkpoints: step_NNNNNN.pt (torch.save to a temporary name, renamed); its
+# resume loads the highest step, and its KeyboardInterrupt handler saves
+CHECKPOINT_LAYOUT = {"checkpoint_format": "custom",
+                     "checkpoint_custom": {"pattern": "step_*.pt", "step_regex": r"^step_(\d+)\.pt$"}}
 LADDER = [{"signal": "SIGINT", "scope": "main", "wait": 180},
           {"signal": "SIGTERM", "scope": "tree", "wait": 30},
           {"signal": "SIGKILL", "scope": "tree", "wait": 10}]
@@ -183,7 +187,7 @@ class GpuCheck:
             "command": self.trainer_argv(*extra), "cwd": self.work, "run_dir": self.run_dir,
             "pidfile": os.path.join(self.run_dir, "trainer.pid"), "pattern": TRAINER_PATTERN,
             "log_file": self.log_file, "log_keep": 20, "checkpoint_dir": self.ckpt,
-            "checkpoint_pattern": "step_*.pt", "resume_auto": True, "device_paths": self.device_paths,
+            **CHECKPOINT_LAYOUT, "resume_auto": True, "device_paths": self.device_paths,
             "gpus": [] if self.cpu else [0], "nvidia_smi": self.nvidia_smi or "/usr/bin/nvidia-smi",
             "health_seconds": 2, "health_timeout": 600, "throughput_lines": 3, "throughput_warmup_lines": 1,
             "throughput_timeout": 120})
@@ -195,7 +199,7 @@ class GpuCheck:
 
     def stop(self, **extra):
         args = {"pidfile": os.path.join(self.run_dir, "trainer.pid"), "pattern": TRAINER_PATTERN,
-                "checkpoint_dir": self.ckpt, "checkpoint_pattern": "step_*.pt", "device_glob": self.device_glob,
+                "checkpoint_dir": self.ckpt, **CHECKPOINT_LAYOUT, "saves_on": "SIGINT", "device_glob": self.device_glob,
                 "log_file": self.log_file, "ladder": LADDER}
         args.update(extra)
         began = time.time()

@@ -42,7 +42,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from testlib import BIN, TRAINER, LiveTestbed, testbed_mod, tool_env  # noqa: E402
+from testlib import BIN, TRAINER, LiveTestbed, make_testbed_inventory, testbed_mod, tool_env  # noqa: E402
 
 STATE = "/var/lib/dflash-testbed/bench"
 NODES = {"bn1": "127.77.3.1", "bn2": "127.77.3.2"}
@@ -63,17 +63,8 @@ def progress_period(inventory):
 
 
 def make_inventory(root):
-    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), root, symlinks=False)
-    all_vars = os.path.join(root, "group_vars", "all.yml")
-    text = open(all_vars, encoding="utf-8").read().replace(
-        "testbed_state_dir: /var/lib/dflash-testbed/main", f"testbed_state_dir: {STATE}")
-    open(all_vars, "w", encoding="utf-8").write(text)
-    hosts = ["---", "all:", "  children:", "    proxmox_nodes:", "      hosts:"]
-    hosts += [f"        {n}: {{ansible_host: {a}}}" for n, a in NODES.items()]
-    hosts += ["    dflash_trainers:", "      hosts:"]
-    hosts += [f"        {h}: {{pve_node: {n}, ansible_pct_vmid: {v}}}" for h, (n, v) in CTS.items()]
-    open(os.path.join(root, "hosts.yml"), "w", encoding="utf-8").write("\n".join(hosts) + "\n")
-    return root
+    return make_testbed_inventory(root, STATE, NODES, {h: {"pve_node": n, "ansible_pct_vmid": v}
+                                                  for h, (n, v) in CTS.items()})
 
 
 class Bench:

@@ -24,6 +24,8 @@ gpu_check=$!
 # an interrupted run ends the two it started, by PID (the GPU check ends its trainers itself)
 trap 'kill $sanity $gpu_check 2> /dev/null' INT TERM
 
+# the checkpoint imitations are loaded with the real torch and safetensors of this venv
+export DFLASH_TORCH_PYTHON="$torch_python"
 "$bin/python" -m pytest "$@"
 pytest_status=$?
 "$next_bin/python" -m pytest "$@" collections/ansible_collections/dflash/lifecycle/tests/unit \

@@ -40,6 +40,19 @@ FIELD = ("python3 -u /root/train_dflash_pipeline.py --target-model /dev/shm/Qwen
          "--max-batch-size 64 --block-size 32 --max-anchors 1024 --num-draft-layers 5 --gamma 10.0 "
          "--noise-start 0.05 --noise-end 0.01 --noise-type uniform --use-soft-labels")
 
+def trainer_source(path, edit=None):
+    """A copy of the example trainer's directory at path (the release a redeploy pushes), its
+    train_dflash_pipeline.py changed by edit(text) -> text. Returns the path as a string."""
+    import shutil
+    shutil.copytree(os.path.dirname(TRAINER), path, ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:
+        with open(os.path.join(path, "train_dflash_pipeline.py"), encoding="utf-8") as handle:
+            text = edit(handle.read())
+        with open(os.path.join(path, "train_dflash_pipeline.py"), "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return str(path)
+
+
 RUN_VARS = os.path.join(REPO, "inventory", "testbed", "group_vars", "dflash_trainers", "run.yml")
 
 
@@ -49,6 +62,30 @@ def example_settings():
     with open(RUN_VARS, encoding="utf-8") as handle:
         group_vars = yaml.safe_load(handle)
     return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
+
+
+def make_testbed_inventory(root, state_dir, nodes, cts, settings=None):
+    """A testbed of its own: inventory/testbed copied to root with its state in state_dir, the
+    nodes {name: loopback address} and the CTs {host: host vars (pve_node, ansible_pct_vmid,
+    ...)}; settings are added to the CTs' group_vars (a file of their own, read last)."""
+    import shutil
+    import yaml
+    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), root, symlinks=False)
+    all_vars = os.path.join(root, "group_vars", "all.yml")
+    with open(all_vars, encoding="utf-8") as handle:
+        text = handle.read().replace("testbed_state_dir: /var/lib/dflash-testbed/main",
+                                     f"testbed_state_dir: {state_dir}")
+    with open(all_vars, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    hosts = {"all": {"children": {
+        "proxmox_nodes": {"hosts": {name: {"ansible_host": address} for name, address in nodes.items()}},
+        "dflash_trainers": {"hosts": cts}}}}
+    with open(os.path.join(root, "hosts.yml"), "w", encoding="utf-8") as handle:
+        handle.write("---\n" + yaml.safe_dump(hosts, sort_keys=False))
+    if settings:
+        with open(os.path.join(root, "group_vars", "dflash_trainers", "zz_test.yml"), "w", encoding="utf-8") as handle:
+            handle.write("---\n" + yaml.safe_dump(settings, sort_keys=False))
+    return root
 
 
 def task_ran(output, name):

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from testlib import BIN, REPO, TRAINER, tool_env
+from testlib import BIN, REPO, tool_env, trainer_source
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
@@ -25,11 +25,8 @@ def in_ct(testbed, host, command, check=True):
 
 
 def source(tmp_path, name, slowdown):
-    src = tmp_path / name
-    src.mkdir()
-    text = open(TRAINER, encoding="utf-8").read()
-    (src / "train_dflash_pipeline.py").write_text(text.replace("RELEASE_SLOWDOWN = 1.0", f"RELEASE_SLOWDOWN = {slowdown}"))
-    return str(src)
+    return trainer_source(tmp_path / name,
+                          lambda t: t.replace("RELEASE_SLOWDOWN = 1.0", f"RELEASE_SLOWDOWN = {slowdown}"))
 
 
 def redeploy(testbed, hosts, *extra, inventory=None, **extra_vars):
@@ -106,3 +103,40 @@ def test_a_log_without_throughput_lines_is_unknown_not_a_failure(running):
     res = redeploy(running, "ct201", redeploy_canary_policy="fail")
     assert res.returncode == 0, res.stdout
     assert re.search(r"canary: tok/s unknown -> [0-9.]+ \(not compared: the log of the old run had no progress line\)", res.out), res.out
+
+
+def test_a_check_run_reports_no_canary_of_a_run_it_did_not_start(running):
+    res = redeploy(running, "ct201", "--check")
+    assert res.returncode == 0, res.stdout
+    assert re.search(r"canary: tok/s [0-9.]+ now, of the running trainer; compared after a real launch", res.out), res.out
+    assert "new run" not in res.out
+
+
+def log_lines(testbed, host):
+    """The progress lines of the run's log and the one before it."""
+    logs = "\n".join(in_ct(testbed, host, f"cat /workspace/logs/train.log{s}").stdout for s in (".1", ""))
+    return len(re.findall(r"\bstep \d+ .*tok/s", logs))
+
+
+def throughput_chart(testbed, host):
+    res = subprocess.run([os.path.join(BIN, "ansible-playbook"), os.path.join(REPO, "playbooks", "throughput.yml"),
+                          "-l", host], cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stdout
+    return res.stdout
+
+
+def test_the_chart_of_a_young_run_has_one_column_per_line_and_marks_the_redeploy(running):
+    """Right after a redeploy: one column per progress line of the new run and the one it
+    replaced (LOG.1), a mark where the new run began, each run's release, stretch and time."""
+    res = redeploy(running, "ct200")
+    assert res.returncode == 0, res.stdout
+    before = log_lines(running, "ct200")
+    out = throughput_chart(running, "ct200")
+    after = log_lines(running, "ct200")  # the trainer goes on logging
+    shown = int(re.search(r"tok/s, steps \d+-\d+ \((\d+) progress lines, over \d+m\d\ds\)", out).group(1))
+    assert before <= shown <= after, (before, shown, after)
+    (spark,) = re.findall(r"^\s*- '?([▁▂▃▄▅▆▇█]+)'?$", out, re.M)
+    assert len(spark) == min(shown, 60), out
+    assert "^ a redeploy" in out
+    release = current(running, "ct200")
+    assert re.search(rf"release {release}: steps \d+-\d+, over \d+m\d\ds, median [0-9.]+ tok/s", out), out

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from testlib import BIN, REPO, TRAINER, task_ran, tool_env
+from testlib import BIN, REPO, TRAINER, task_ran, tool_env, trainer_source
 from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
@@ -223,14 +223,14 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
     ct.sh(f"mount -t tmpfs -o size=512k tmpfs {OUT}")
     try:
         ct.launch()  # a first run stops cleanly: its checkpoint is the previous one
-        first = stop(tmp_path / "first", checkpoint_dir=OUT, checkpoint_pattern="step_*",
+        first = stop(tmp_path / "first", checkpoint_dir=OUT,
                      require_checkpoint=True, ladder=FAST_LADDER)
         previous = first["checkpoint"]["new"]
         before = ct.sh(f"sha256sum {previous}/*").stdout
         ct.launch()
         ct.sh(f"dd if=/dev/zero of={OUT}/filler bs=4k 2>/dev/null || true")  # the disk is full
         result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, log_file="/workspace/train.log",
-                      checkpoint_pattern="step_*", ladder=FAST_LADDER)  # fails by default
+                      ladder=FAST_LADDER)  # fails by default
         assert "no new sound checkpoint in /workspace/ck: none appeared" in result["msg"]
         assert "No trainer is running" in result["msg"] and "Free space there: 0.00 GiB" in result["msg"]
         assert re.search(r"the log is at step \d+: \d+ steps not in a checkpoint", result["msg"])
@@ -248,10 +248,7 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
 # -- the rollout's failure paths (ct300 and friends) -------------------------------------------
 
 def source(tmp_path, name, edit):
-    src = tmp_path / name
-    src.mkdir()
-    (src / "train_dflash_pipeline.py").write_text(edit(open(TRAINER, encoding="utf-8").read()))
-    return str(src)
+    return trainer_source(tmp_path / name, edit)
 
 
 def links(testbed):

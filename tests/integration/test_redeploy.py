@@ -11,7 +11,7 @@ import time
 import ansible_runner
 import pytest
 
-from testlib import BIN, REPO, TRAINER, task_ran, tool_env
+from testlib import BIN, REPO, TRAINER, task_ran, tool_env, trainer_source
 
 
 CTS = {"ct200": ("pve1", "200"), "ct201": ("pve1", "201"),
@@ -31,11 +31,7 @@ def trainer_pids(testbed, host):
 
 def source(tmp_path, name, edit=None):
     """A copy of the example trainer, changed by edit(text) -> text."""
-    src = tmp_path / name
-    src.mkdir()
-    text = open(TRAINER, encoding="utf-8").read()
-    (src / "train_dflash_pipeline.py").write_text(edit(text) if edit else text)
-    return str(src)
+    return trainer_source(tmp_path / name, edit)
 
 
 def runner(tmp_path, limit, extravars, check=False, name="awx"):
@@ -149,7 +145,7 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     # the checkpoint it wrote, the release it returned to and the PID running now
     pid = trainer_pids(seeded, "ct201")
     assert re.search(r"ct201: release \w+ \(new: 1 modified, 0 added, 0 removed\), stopped by SIGINT in [0-9.]+s, "
-                     r"checkpoint /workspace/checkpoints/step_\d+, launch failed, rolled back to "
+                     r"checkpoint /workspace/checkpoints/step_\d+ \(step_dirs\), launch failed, rolled back to "
                      + re.escape(current.split("/")[-1]) + r": PID " + pid[0] + " running again", out), out
     assert re.search(r"launch failed: the trainer \(PID \d+\) .*release v4 is broken", out)
     assert len(pid) == 1

@@ -82,8 +82,10 @@ def ct(testbed):
 
 
 def stop(tmp_path, check=False, expect_failure=False, **params):
-    """Run the module through ansible-runner (as AWX does); its result and whether it failed."""
+    """Run the module through ansible-runner (as AWX does); its result and whether it failed. The
+    example trainer's KeyboardInterrupt handler saves (saves_on=SIGINT), as the field's does."""
     params.setdefault("pattern", PATTERN)
+    params.setdefault("saves_on", "SIGINT")
     (tmp_path / "runner").mkdir(parents=True, exist_ok=True)
     run = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), host_pattern=CT,
@@ -104,7 +106,7 @@ def signals(result):
 
 def test_1_well_behaved_stops_at_sigint_with_checkpoint(ct, tmp_path):
     ct.launch()
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, checkpoint_dir=OUT,
                   require_checkpoint=True, ladder=FAST_LADDER)
     assert result["stopped_by"] == {"stage": 0, "signal": "SIGINT", "scope": "main"}
     assert result["graceful_possible"] is True  # launched the right way: normal ladder
@@ -129,14 +131,14 @@ def test_2_background_launch_sigint_ignored_is_detected_and_skipped(ct, tmp_path
 
 def test_3_blocked_in_c_call_stops_at_sigint_once_it_returns(ct, tmp_path):
     ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=3", extra="--profile-interval 1")
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    result = stop(tmp_path, checkpoint_dir=OUT, ladder=FAST_LADDER)
     assert result["stopped_by"]["signal"] == "SIGINT"
     assert result["checkpoint"]["written"]
 
 
 def test_4a_growing_checkpoint_extends_the_wait(ct, tmp_path):
     ct.launch(env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, checkpoint_dir=OUT,
                   checkpoint_activity_window=2, graceful_wait_cap=60,
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
@@ -150,7 +152,7 @@ def test_4b_quiet_checkpoint_dir_is_not_waited_on(ct, tmp_path):
     # the first step blocks 30 s in C: no checkpoint activity at all while SIGINT waits
     ct.launch(env="DFLASH_TEST_BLOCK_IN_C_SECONDS=30", ready_line="DFlash trainer pid=")
     time.sleep(1)
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, checkpoint_dir=OUT,
                   checkpoint_activity_window=2, graceful_wait_cap=60, on_missing_checkpoint="proceed",
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 2},
                           {"signal": "SIGTERM", "scope": "tree", "wait": 5},
@@ -283,7 +285,7 @@ def last_step_in_log(ct):
 
 def test_no_graceful_wait_for_checkpoint_stops_right_after_it(ct, tmp_path):
     launch_legacy_with_history(ct, workers=2)
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, checkpoint_dir=OUT,
                   log_file="/workspace/train.log", ladder=FAST_LADDER)
     assert result["graceful_possible"] is False
     assert result["graceful_reason"].startswith("SIGINT is ignored by PID")
@@ -305,10 +307,10 @@ def test_no_graceful_fail_signals_nothing_and_reports(ct, tmp_path):
     launch_legacy_with_history(ct)
     pids = ct.trainer_pids()
     check = stop(tmp_path / "check", check=True, checkpoint_dir=OUT,
-                 checkpoint_pattern="step_*", log_file="/workspace/train.log")
+                 log_file="/workspace/train.log")
     assert "no graceful checkpoint: SIGINT is ignored" in check["msg"] and "s old" in check["msg"]
     result = stop(tmp_path, expect_failure=True, no_graceful="fail", checkpoint_dir=OUT,
-                  checkpoint_pattern="step_*", log_file="/workspace/train.log")
+                  log_file="/workspace/train.log")
     assert "SIGINT is ignored by PID" in result["msg"] and "Nothing was signalled" in result["msg"]
     assert "s old" in result["msg"] and "no_graceful=proceed" in result["msg"]
     assert result["timeline"] == [] and ct.trainer_pids() == pids
@@ -317,7 +319,7 @@ def test_no_graceful_fail_signals_nothing_and_reports(ct, tmp_path):
 def test_no_graceful_proceed_ends_by_the_ladder_and_says_what_was_lost(ct, tmp_path):
     launch_legacy_with_history(ct)
     result = stop(tmp_path, no_graceful="proceed", checkpoint_dir=OUT,
-                  checkpoint_pattern="step_*", log_file="/workspace/train.log",
+                  log_file="/workspace/train.log",
                   ladder=FAST_LADDER)
     assert result["stopped_by"]["signal"] == "SIGTERM"
     assert result["loss"]["steps_lost"] == last_step_in_log(ct) - result["loss"]["checkpoint_step"]
@@ -327,7 +329,7 @@ def test_no_graceful_proceed_ends_by_the_ladder_and_says_what_was_lost(ct, tmp_p
 def test_no_graceful_without_checkpoint_history_fails_without_killing(ct, tmp_path):
     ct.launch(how="background")  # no --save-interval: no periodic checkpoints
     pids = ct.trainer_pids()
-    result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, checkpoint_pattern="step_*")
+    result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT)
     assert "shows no periodic checkpoint history" in result["msg"]
     assert "Nothing was signalled" in result["msg"] and ct.trainer_pids() == pids
 
@@ -364,7 +366,7 @@ def test_a_gpu_process_of_another_pct_exec_session_survives_the_stop(ct, testbed
             time.sleep(0.1)
         other = ct.pid_of("sleep 6001")
         assert ct.sh(f"cut -d' ' -f4 /proc/{other}/stat").stdout.strip() == "0"  # PPID 0 for real
-        result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+        result = stop(tmp_path, checkpoint_dir=OUT, ladder=FAST_LADDER)
         assert result["stopped_by"]["signal"] == "SIGINT" and ct.trainer_pids() == []
         assert ct.alive(other), "the other session's GPU process was signalled"
         assert [(o["pid"], o["devices"], o["ppid"]) for o in result["other_gpu_holders"]] == [
@@ -383,7 +385,7 @@ def test_a_setsid_helper_of_a_launched_run_is_stopped_with_it(ct, tmp_path):
     assert stat[1] == "1" and stat[3] == str(helper)  # reparented to init, a session of its own
     assert f"DFLASH_RUN_ID={launched['run_id']}" in ct.sh(f"tr '\\0' '\\n' < /proc/{helper}/environ").stdout
     sigint_wait = 300
-    result = stop(tmp_path, pidfile="/run/dflash/trainer.pid", checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, pidfile="/run/dflash/trainer.pid", checkpoint_dir=OUT,
                   ladder=[dict(FAST_LADDER[0], wait=sigint_wait), *FAST_LADDER[1:]])
     assert result["run_id"] == launched["run_id"]
     assert {t["pid"]: t["role"] for t in result["targets"]}[helper] == "run identity"
@@ -421,8 +423,8 @@ def test_legacy_trainer_from_a_login_session_leaves_its_shell_sibling_and_daemon
 
 
 def test_sigterm_handler_gets_the_checkpoint_wait_when_sigint_is_ignored(ct, tmp_path):
-    ct.launch(how="background", env="DFLASH_TEST_CHECKPOINT_ON_SIGTERM=1 DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", checkpoint_activity_window=2,
+    ct.launch(how="background", env="DFLASH_TEST_SAVES_ON=SIGINT,SIGTERM DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=6")
+    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_activity_window=2, saves_on="SIGTERM",
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 30},
                           {"signal": "SIGTERM", "scope": "tree", "wait": 2},
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
@@ -440,7 +442,7 @@ def test_an_in_place_checkpoint_is_waited_for_until_it_is_done(ct, tmp_path):
     while ct.sh(f"ls {OUT}/*/COMPLETE 2>/dev/null | wc -l", check=False).stdout.strip() in ("0", "1"):
         assert time.monotonic() < deadline, "no periodic checkpoint history"
         time.sleep(0.2)
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*", ladder=FAST_LADDER)
+    result = stop(tmp_path, checkpoint_dir=OUT, ladder=FAST_LADDER)
     (landed,) = [e["path"] for e in result["timeline"] if e["event"] == "checkpoint_landed"]
     # the landed checkpoint was whole when the trainer was stopped (no truncated save)
     assert ct.sh(f"test -f {landed}/COMPLETE", check=False).returncode == 0
@@ -451,7 +453,7 @@ def test_the_stop_sleeps_while_the_trainer_writes_its_checkpoint(ct, tmp_path):
     # the workers end at once (the trainer stops them first), the checkpoint takes 10 s: the
     # wait must not spin on their exited pidfds nor walk the directory in a loop
     ct.launch(workers=2, env="DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=10")
-    result = stop(tmp_path, checkpoint_dir=OUT, checkpoint_pattern="step_*",
+    result = stop(tmp_path, checkpoint_dir=OUT,
                   ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},
                           {"signal": "SIGKILL", "scope": "tree", "wait": 5}])
     assert result["stopped_by"]["signal"] == "SIGINT" and result["timeline"][-1]["elapsed"] >= 10

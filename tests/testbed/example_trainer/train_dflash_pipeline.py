@@ -27,9 +27,19 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       traceback then shows that source line, "tok/s" in it)
   DFLASH_TEST_TEARDOWN_SECONDS=N      after an uncaught exception, stay alive N s before
                                       exiting (as CUDA/NCCL tear down)
-  DFLASH_TEST_CHECKPOINT_ON_SIGTERM=1  SIGTERM runs the checkpoint handler too
   DFLASH_TEST_CHECKPOINT_IN_PLACE=1   write step_N/ in place (no temporary name, no rename),
                                       as an in-place torch.save or an HF checkpoint-N/ does
+  DFLASH_TEST_SAVE_PAUSE_SECONDS=N    a save pauses N s after its first file (a quiet gap)
+  DFLASH_TEST_SLOW_SAVES=WHICH        the saves the two switches above slow: all (default),
+                                      interval (the periodic ones) or interrupt (the handler's)
+  DFLASH_TEST_CHECKPOINT_LAYOUT=NAME  save, resume and meet signals as that framework does
+                                      (checkpoint_layouts.py: hf_trainer, lightning,
+                                      deepspeed, dcp, specforge_scripts, specforge), writing
+                                      its real file formats; default step_dirs (this file's)
+  DFLASH_TEST_SAVES_ON=SIGS           the signals whose handler saves (SIGINT, SIGTERM, both
+                                      comma-separated, or none); default: the layout's own
+                                      (SIGINT for step_dirs, none for the frameworks')
+  DFLASH_TEST_CHECKPOINT_KB=N         the frameworks' optimizer state per save (default 64)
   DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
                                       reparented to PID 1) that holds GPU 0 until killed
 
@@ -209,7 +219,8 @@ def save_checkpoint(output_dir, model, state, reason):
     tmp = final if in_place else os.path.join(output_dir, f".tmp-step_{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    slow = float(os.environ.get("DFLASH_TEST_SLOW_CHECKPOINT_SECONDS", "0"))
+    paced = os.environ.get("DFLASH_TEST_SLOW_SAVES", "all") in ("all", reason)
+    slow = float(os.environ.get("DFLASH_TEST_SLOW_CHECKPOINT_SECONDS", "0")) if paced else 0.0
     if slow > 0:  # test switch: a big optimizer state written slowly
         deadline = time.monotonic() + slow
         with open(os.path.join(tmp, "optimizer.bin"), "wb") as handle:
@@ -219,6 +230,7 @@ def save_checkpoint(output_dir, model, state, reason):
                 time.sleep(0.05)
     with open(os.path.join(tmp, "model.json"), "w", encoding="utf-8") as handle:
         json.dump({"weights": model.weights}, handle)
+    time.sleep(float(os.environ.get("DFLASH_TEST_SAVE_PAUSE_SECONDS", "0")) if paced else 0.0)
     with open(os.path.join(tmp, "trainer_state.json"), "w", encoding="utf-8") as handle:
         json.dump({**state, "reason": reason, "saved_at": time.time()}, handle)
     with open(os.path.join(tmp, "COMPLETE"), "w", encoding="utf-8") as handle:
@@ -294,8 +306,74 @@ def start_setsid_helper():
                    check=True)
 
 
-def interrupt(signum, frame):
-    raise KeyboardInterrupt
+class Signals:
+    """What the trainer does on SIGINT and SIGTERM: save (saves_on), let the step and a save in
+    it finish then exit (finishes_save_on, Lightning's SIGTERM), or end where it is."""
+
+    def __init__(self, saves_on, finishes_save_on):
+        self.saves_on = saves_on
+        self.received = None
+        self.stop_after_step = False
+        if os.environ.get("DFLASH_TEST_IGNORE_SIGINT") == "1":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if os.environ.get("DFLASH_TEST_IGNORE_SIGTERM") == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif signal.SIGTERM in saves_on:
+            signal.signal(signal.SIGTERM, self.interrupt)
+        elif signal.SIGTERM in finishes_save_on:
+            signal.signal(signal.SIGTERM, self.finish_step)
+
+    def interrupt(self, signum, frame):
+        self.received = signal.Signals(signum)
+        raise KeyboardInterrupt
+
+    def finish_step(self, signum, frame):
+        self.received = signal.Signals(signum)
+        self.stop_after_step = True
+
+    def saves(self):
+        """Whether the KeyboardInterrupt being handled makes a checkpoint."""
+        return (self.received or signal.SIGINT) in self.saves_on
+
+
+class Checkpointer:
+    """This file's step_dirs, or a framework's layout (checkpoint_layouts.py)."""
+
+    def __init__(self, output_dir):
+        name = os.environ.get("DFLASH_TEST_CHECKPOINT_LAYOUT", "step_dirs")
+        self.output_dir = output_dir
+        self.layout = None
+        saves_on, finishes = {signal.SIGINT}, set()
+        if name != "step_dirs":
+            import checkpoint_layouts  # beside this file in the release
+
+            self.layouts = checkpoint_layouts
+            self.layout = checkpoint_layouts.named(name, output_dir,
+                                                   int(os.environ.get("DFLASH_TEST_CHECKPOINT_KB", "64")))
+            saves_on = set()
+            finishes = {getattr(signal, s) for s in self.layout.finishes_save_on}
+        if "DFLASH_TEST_SAVES_ON" in os.environ:
+            saves_on = {getattr(signal, s.strip()) for s in os.environ["DFLASH_TEST_SAVES_ON"].split(",")
+                        if s.strip() and s.strip() != "none"}
+        self.signals = Signals(saves_on, finishes)
+
+    def save(self, model, state, reason):
+        if self.layout is None:
+            return save_checkpoint(self.output_dir, model, state, reason)
+        path = self.layout.save(state, model.weights, self.layouts.Pace.from_env(self.layout.files, reason))
+        log(f"checkpoint saved: {path} (step {state['step']}, {reason})")
+        return path
+
+    def resume(self, model, wanted):
+        if self.layout is None:
+            path = latest_checkpoint(self.output_dir) if wanted == "latest" else wanted
+            return (path, load_checkpoint(path, model)) if path else (None, None)
+        path = self.layout.resume_path() if wanted == "latest" else wanted
+        if not path:
+            return None, None
+        state, values = self.layout.load(path)
+        model.weights = self.layouts.unmatrix(values, VOCAB)
+        return path, state
 
 
 def block_in_c(seconds, calibration):
@@ -313,13 +391,8 @@ def calibrate_c_call():
 
 def train(args):
     env = os.environ
-    if env.get("DFLASH_TEST_IGNORE_SIGINT") == "1":
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if env.get("DFLASH_TEST_IGNORE_SIGTERM") == "1":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    elif env.get("DFLASH_TEST_CHECKPOINT_ON_SIGTERM") == "1":
-        signal.signal(signal.SIGTERM, interrupt)
     os.makedirs(args.output_dir, exist_ok=True)
+    checkpointer = Checkpointer(args.output_dir)
     log(f"DFlash trainer pid={os.getpid()} target_gpus={args.target_gpus} "
         f"drafter_gpus={args.drafter_gpus} output_dir={args.output_dir} tag={args.tag!r} "
         f"secrets_in_env={sorted(k for k in ('WANDB_API_KEY', 'HF_TOKEN') if k in env)}")
@@ -329,9 +402,9 @@ def train(args):
     model = Model()
     state = {"step": 0, "epoch": 0, "tokens": 0}
     if args.resume:
-        path = latest_checkpoint(args.output_dir) if args.resume == "latest" else args.resume
+        path, resumed = checkpointer.resume(model, args.resume)
         if path:
-            state = load_checkpoint(path, model)
+            state = resumed
             log(f"resumed from {path} at step {state['step']}")
         else:
             log("resume requested, no checkpoint yet: starting from scratch")
@@ -371,7 +444,7 @@ def train(args):
             window_tokens += tokens
             window_steps += 1
             if args.save_interval and state["step"] % args.save_interval == 0:
-                save_checkpoint(args.output_dir, model, state, "interval")
+                checkpointer.save(model, state, "interval")
             t_optim = time.perf_counter()
             spare = step_seconds - (time.perf_counter() - began)
             if spare > 0:  # the wait of a step is the target model's forward here
@@ -394,13 +467,21 @@ def train(args):
                 window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
                 peaks = dict.fromkeys(timings, 0.0)
+            if checkpointer.signals.stop_after_step:
+                stop_workers(workers)
+                log(f"{checkpointer.signals.received.name} at step {state['step']}: the step is done, "
+                    "exiting without a checkpoint")
+                return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         # workers first, as a DataLoader's are shut down while the exception unwinds
         stop_workers(workers)
+        if not checkpointer.signals.saves():
+            log(f"KeyboardInterrupt at step {state['step']}: exiting without a checkpoint")
+            return EXIT_INTERRUPTED
         log(f"KeyboardInterrupt at step {state['step']}: saving checkpoint")
-        save_checkpoint(args.output_dir, model, state, "interrupt")
+        checkpointer.save(model, state, "interrupt")
         return EXIT_INTERRUPTED
-    save_checkpoint(args.output_dir, model, state, "final")
+    checkpointer.save(model, state, "final")
     stop_workers(workers)
     log("training complete")
     return 0

@@ -9,9 +9,9 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary
 
 
-def throughput_canary(before, after, threshold=-5.0, policy="report"):
+def throughput_canary(before, after, threshold=-5.0, policy="report", check_mode=False):
     try:
-        return canary.compare(before, after, threshold, policy)
+        return canary.compare(before, after, threshold, policy, check_mode=check_mode)
     except ValueError as err:
         raise AnsibleFilterError(str(err)) from None
 

@@ -3,17 +3,15 @@
 """What a checkpoint directory holds, and what a stop wrote or lost (Python 3.8 compatible).
 
 The preflight (is there one to resume from?), the staged stop (did it write a new, complete
-one? what does a stop lose?) and the launch (free space) read it alike.
+one? what does a stop lose?), the launch (what will the resume load? free space) and the
+status read it alike. What a checkpoint is comes from its layout
+(module_utils/checkpoint_formats.py): the entries it claims, their steps, whether each is
+complete, and which one the trainer's own resume picks. ``auto`` recognises the layout from
+what the directory holds, and says which one it chose.
 
-A checkpoint is an entry of the directory matching a pattern (``step_*``): a file, or a
-directory of files. It counts as written only when nothing says it may be cut short:
-
-* it holds bytes, and no temporary name (``.tmp-*``, ``*.tmp``) inside;
-* the directory was not still being written when a signal that ends the trainer without a
-  handler was sent (an in-place ``torch.save`` or an HF ``checkpoint-N/`` killed mid-write
-  looks complete);
-* no save that started after it was left unfinished (a temporary entry newer than it);
-* a ``latest`` pointer, when the trainer keeps one, names it (a resume follows the pointer).
+A new checkpoint counts as written only when it is complete by its layout's rule and nothing
+says it may be cut short: the directory was not still being written when a signal that
+ends the trainer without saving was sent, and no save after it was left unfinished.
 """
 
 from __future__ import annotations
@@ -23,100 +21,47 @@ import os
 import re
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats as formats
+
 # names of a checkpoint still being written: the trainer's own temporary names (.tmp-step_N,
 # .latest.tmp-PID), torch.save's and common tools'
 DEFAULT_TEMP_PATTERNS = (".tmp*", "*.tmp", "*.tmp-*", "*.partial", "*.incomplete")
-LATEST_POINTER = "latest"
-STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
+# results of the file checks, by (path, size, mtime, inode): a checkpoint's files do not change
+# once written, and the stop reads the directory twice a second
+_CHECKED = {}
+_CHECKED_MAX = 8192
 
 
 def is_temp(name, temp_patterns):
-    return any(fnmatch.fnmatch(name, pat) for pat in temp_patterns)
+    return name != formats.MOVED_ASIDE and any(fnmatch.fnmatch(name, pat) for pat in temp_patterns)
 
 
-def _tree_stats(path, temp_patterns):
-    """(bytes, files, newest mtime, holds a temporary name) of a directory tree."""
-    size, count, newest, has_temp = 0, 0, os.stat(path).st_mtime, False
-    for root, dirs, files in os.walk(path):
-        has_temp = has_temp or any(is_temp(item, temp_patterns) for item in dirs + files)
-        for item in files:
+def _checked_problem(path, st):
+    key = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _CHECKED:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        try:
+            _CHECKED[key] = formats.file_problem(path, st.st_size)
+        except OSError as err:
+            _CHECKED[key] = f"unreadable ({err.strerror})"
+    return _CHECKED[key]
+
+
+def _tree(path, temp_patterns):
+    """(files relative to path with their stat, temporary names inside) of a directory tree."""
+    files, temps = {}, []
+    for root, dirs, names in os.walk(path):
+        for item in dirs + names:
+            if is_temp(item, temp_patterns):
+                temps.append(os.path.relpath(os.path.join(root, item), path))
+        for item in names:
+            full = os.path.join(root, item)
             try:
-                st = os.stat(os.path.join(root, item))
+                files[os.path.relpath(full, path)] = os.stat(full)
             except OSError:
                 continue
-            count += 1
-            size += st.st_size
-            newest = max(newest, st.st_mtime)
-    return size, count, newest, has_temp
-
-
-def entries(directory, pattern, temp_patterns=DEFAULT_TEMP_PATTERNS):
-    """{name: {mtime, size, complete}} of candidate checkpoints in directory (mtime: the
-    newest change inside it)."""
-    found = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return found
-    for name in names:
-        if name == LATEST_POINTER or is_temp(name, temp_patterns) or not fnmatch.fnmatch(name, pattern):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            if os.path.isdir(path):
-                size, count, mtime, has_temp = _tree_stats(path, temp_patterns)
-                complete = count > 0 and size > 0 and not has_temp
-            else:
-                st = os.stat(path)
-                size, mtime, complete = st.st_size, st.st_mtime, st.st_size > 0
-        except OSError:
-            continue
-        found[name] = {"mtime": mtime, "size": size, "complete": complete}
-    return found
-
-
-def temp_entries(directory, temp_patterns=DEFAULT_TEMP_PATTERNS):
-    """Temporary entries left in directory, with their size and mtime: reported, never deleted."""
-    left = []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return left
-    for name in names:
-        if not is_temp(name, temp_patterns):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            size, _count, mtime, _temp = _tree_stats(path, ()) if os.path.isdir(path) else (
-                os.stat(path).st_size, 1, os.stat(path).st_mtime, False)
-        except OSError:
-            continue
-        left.append({"name": name, "bytes": size, "mtime": mtime})
-    return left
-
-
-def latest_pointer(directory):
-    """The entry a ``latest`` pointer file names, or None when there is no such file."""
-    try:
-        with open(os.path.join(directory, LATEST_POINTER), encoding="utf-8") as handle:
-            return os.path.basename(handle.read().strip().rstrip("/")) or None
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def fingerprint(directory):
-    """Changes whenever anything under directory is written, created or renamed."""
-    total, newest, count = 0, 0, 0
-    for root, dirs, files in os.walk(directory):
-        for item in dirs + files:
-            try:
-                st = os.lstat(os.path.join(root, item))
-            except OSError:
-                continue
-            count += 1
-            total += st.st_size
-            newest = max(newest, st.st_mtime_ns)
-    return (count, total, newest)
+    return files, temps
 
 
 def free_bytes(path):
@@ -126,11 +71,6 @@ def free_bytes(path):
         probe = os.path.dirname(probe) or "/"
     st = os.statvfs(probe)
     return st.f_bavail * st.f_frsize, probe
-
-
-def step_of(name):
-    match = STEP_IN_NAME.search(name or "")
-    return int(match.group(1)) if match else None
 
 
 def last_logged_step(log_file, step_regex):
@@ -147,128 +87,395 @@ def last_logged_step(log_file, step_regex):
 
 
 class Directory:
-    """The checkpoint directory of a stop, read with its options."""
+    """A checkpoint directory read by its layout: ``checkpoint_format`` (a layout's name,
+    ``custom`` with ``checkpoint_custom``, or ``auto``)."""
 
-    def __init__(self, options):
-        self.path = options.checkpoint_dir
-        self.pattern = options.checkpoint_pattern
-        self.temp_patterns = options.checkpoint_temp_patterns
-        self.stable_window = float(options.checkpoint_stable_window)
-        self.log_file = options.log_file
-        self.step_regex = options.step_regex
+    def __init__(self, path, checkpoint_format="auto", custom=None, temp_patterns=DEFAULT_TEMP_PATTERNS,
+                 stable_window=2.0, activity_window=5.0, log_file=None, step_regex=r"\bstep (\d+)\b"):
+        self.path = path
+        self.setting = checkpoint_format
+        self.layout = formats.layout(checkpoint_format, custom)  # InvalidLayout names the setting
+        self.layout_reason = "checkpoint_format=" + checkpoint_format if self.layout else None
+        self.temp_patterns = tuple(temp_patterns)
+        self.stable_window = float(stable_window)
+        self.activity_window = float(activity_window)
+        self.log_file = log_file
+        self.step_regex = step_regex
+        self.since = None  # the running trainer's start (epoch seconds): its own saves' interval
+
+    @classmethod
+    def of(cls, options):
+        """The directory of a stop's options (module_utils/stop_options.py)."""
+        return cls(options.checkpoint_dir, options.checkpoint_format, options.checkpoint_custom,
+                   options.checkpoint_temp_patterns, options.checkpoint_stable_window,
+                   options.checkpoint_activity_window, options.log_file, options.step_regex)
+
+    # -- the layout ------------------------------------------------------------------------------
+
+    def resolve(self, held=None):
+        """The layout: the one set, or (auto) the one the directory shows once it shows one."""
+        if self.layout is None and self.path:
+            chosen, reason = formats.recognise(self.path, held)
+            if chosen is not None:
+                self.layout, self.layout_reason = chosen, reason
+            return chosen, reason
+        return self.layout, self.layout_reason
+
+    def check(self):
+        """Raise InvalidLayout when the layout set claims nothing in a directory that holds
+        checkpoints of another layout (or, for custom, anything at all): the message names what
+        the directory holds and the layout that would match it."""
+        if not self.path or self.setting == "auto":
+            return
+        held = formats.listing(self.path)
+        mine = [n for n, d in held.items() if self.layout.claims(n, os.path.join(self.path, n), d)
+                and not is_temp(n, self.temp_patterns)]
+        if mine or not held:
+            return
+        other, reason = formats.recognise(self.path, held)
+        if other is None and self.setting != "custom":
+            return
+        shown = ", ".join(sorted(held)[:8]) + (" ..." if len(held) > 8 else "")
+        hint = (f"; checkpoint_format={other.name} matches it ({reason[len('auto: '):]})" if other
+                else "; no known layout matches it either: fix checkpoint_custom.pattern")
+        raise formats.InvalidLayout(
+            f"checkpoint_format={self.setting}"
+            + (f" (pattern {self.layout.pattern})" if self.setting == "custom" else "")
+            + f" matches nothing in {self.path}, which holds {shown}{hint}. Nothing was signalled.")
+
+    def saving(self, saves_on_setting):
+        """(signals the trainer saves on, signals a save survives, words); None, None when unknown."""
+        chosen, _reason = self.resolve()
+        return formats.saves_on(saves_on_setting, chosen)
+
+    # -- what the directory holds ----------------------------------------------------------------
 
     def entries(self):
-        return entries(self.path, self.pattern, self.temp_patterns) if self.path else {}
+        """{name: info} of the checkpoints the layout claims: step, mtime (the newest change
+        inside), size, complete and the problems that make it incomplete."""
+        if not self.path:
+            return {}
+        held = formats.listing(self.path)
+        chosen, _reason = self.resolve(held)
+        if chosen is None:
+            return {}
+        found = {}
+        for name, is_dir in held.items():
+            path = os.path.join(self.path, name)
+            if is_temp(name, self.temp_patterns) or not chosen.claims(name, path, is_dir):
+                continue
+            try:
+                info = self._inspect(chosen, name, path, is_dir)
+            except OSError:
+                continue  # removed while read (a rotation)
+            found[name] = info
+        return found
 
-    def complete(self):
+    def _inspect(self, chosen, name, path, is_dir):
+        if is_dir:
+            files, temps = _tree(path, self.temp_patterns)
+            mtime = max([os.stat(path).st_mtime] + [st.st_mtime for st in files.values()])
+            size = sum(st.st_size for st in files.values())
+        else:
+            st = os.stat(path)
+            files, temps, mtime, size = {"": st}, [], st.st_mtime, st.st_size
+        problems = [] if files else ["holds no file"]
+        problems += [f"a temporary file {t} inside" for t in sorted(temps)]
+        for rel, st in sorted(files.items()):
+            problem = _checked_problem(os.path.join(path, rel) if rel else path, st)
+            if problem:
+                problems.append(f"{rel or name}: {problem}")
+        if is_dir:
+            problems += chosen.marker_problems(self.path, name, path, set(files))
+        return {"step": chosen.step(name, path), "mtime": mtime, "size": size,
+                "complete": not problems, "problems": problems}
+
+    def ordered(self, infos):
+        """Names oldest to newest: by step, or by mtime where a step is unknown."""
+        if self.layout is None:
+            return []
+        return sorted(infos, key=lambda n: self.layout.sort_key(n, infos[n]))
+
+    def complete(self, infos=None):
         """Complete entries, oldest first."""
-        return sorted(((n, e) for n, e in self.entries().items() if e["complete"]),
-                      key=lambda item: item[1]["mtime"])
+        infos = self.entries() if infos is None else infos
+        return [(n, infos[n]) for n in self.ordered(infos) if infos[n]["complete"]]
 
-    def fresh(self, before):
-        """Complete entries new or changed since the before snapshot, oldest first."""
-        return [(n, e) for n, e in self.complete()
-                if n not in before or before[n]["mtime"] != e["mtime"]]
+    def temp_entries(self):
+        """Temporary entries left in the directory, with their size and mtime: reported, never
+        deleted."""
+        left = []
+        for name in sorted(formats.listing(self.path)) if self.path else []:
+            if not is_temp(name, self.temp_patterns):
+                continue
+            path = os.path.join(self.path, name)
+            try:
+                if os.path.isdir(path):
+                    files, _temps = _tree(path, ())
+                    size = sum(st.st_size for st in files.values())
+                    mtime = max([os.stat(path).st_mtime] + [st.st_mtime for st in files.values()])
+                else:
+                    st = os.stat(path)
+                    size, mtime = st.st_size, st.st_mtime
+            except OSError:
+                continue
+            left.append({"name": name, "bytes": size, "mtime": mtime})
+        return left
 
-    def doubts(self, name, entry, ended_mid_write=False):
-        """Why entry name may be cut short (module docstring); empty when it is sound."""
+    def fresh(self, before, infos=None):
+        """Names new or changed since the before snapshot, oldest first."""
+        infos = self.entries() if infos is None else infos
+        return [n for n in self.ordered(infos)
+                if n not in before or (before[n]["mtime"], before[n]["size"]) != (infos[n]["mtime"], infos[n]["size"])]
+
+    def fingerprint(self):
+        """Changes whenever a checkpoint, a temporary entry or a pointer of the layout is
+        written, created or renamed (the whole directory while the layout is not known yet:
+        the first checkpoint may be appearing)."""
+        total, newest, count = 0, 0, 0
+        if not self.path:
+            return (0, 0, 0)
+        held = formats.listing(self.path)
+        chosen, _reason = self.resolve(held)
+        for name, is_dir in held.items():
+            path = os.path.join(self.path, name)
+            if chosen is not None and not (is_temp(name, self.temp_patterns) or chosen.is_alias(name)
+                                           or chosen.claims(name, path, is_dir)):
+                continue
+            for item in [path] + ([os.path.join(r, f) for r, ds, fs in os.walk(path) for f in ds + fs]
+                                  if is_dir else []):
+                try:
+                    st = os.lstat(item)
+                except OSError:
+                    continue
+                count += 1
+                total += st.st_size
+                newest = max(newest, st.st_mtime_ns)
+        return (count, total, newest)
+
+    def save_in_progress(self, now=None):
+        """What shows a save being written right now (a temporary entry or an incomplete
+        checkpoint changed within the activity window), or None."""
+        now = time.time() if now is None else now
+        recent = [t["name"] for t in self.temp_entries() if now - t["mtime"] < self.activity_window]
+        infos = self.entries()
+        recent += [n for n in self.ordered(infos)
+                   if not infos[n]["complete"] and now - infos[n]["mtime"] < self.activity_window]
+        if self.layout is None and self.path:
+            for name in formats.listing(self.path):
+                try:
+                    if now - os.stat(os.path.join(self.path, name)).st_mtime < self.activity_window:
+                        recent.append(name)
+                except OSError:
+                    continue
+        return ", ".join(sorted(set(recent))) or None
+
+    # -- judgements ------------------------------------------------------------------------------
+
+    def describe(self, name, info):
+        return {"name": name, "path": os.path.join(self.path, name), "step": info["step"],
+                "complete": info["complete"], "problems": info["problems"]}
+
+    def resume(self, infos=None):
+        """What the trainer's own resume rule loads: {name, path, step, complete, problems,
+        rule}, name None when it loads nothing."""
+        infos = self.entries() if infos is None else infos
+        if self.layout is None:
+            return {"name": None, "path": None, "step": None, "complete": None, "problems": [],
+                    "rule": "the layout is not known yet"}
+        name, rule = self.layout.resume_pick(self.path, infos)
+        if name is None:
+            return {"name": None, "path": None, "step": None, "complete": None, "problems": [], "rule": rule}
+        info = infos.get(name)
+        if info is None:  # an alias (Lightning's last.ckpt copy) or a dangling pointer
+            path = os.path.join(self.path, name)
+            if os.path.isfile(path):
+                st = os.stat(path)
+                problem = _checked_problem(path, st)
+                info = {"step": self.layout.step(name, path), "complete": not problem,
+                        "problems": [problem] if problem else []}
+            else:
+                info = {"step": None, "complete": False, "problems": [f"{name} does not exist"]}
+        return dict(self.describe(name, info), rule=rule)
+
+    def report(self, before, ended_mid_write=False):
+        """The layout, the newest complete checkpoint and its age, what appeared since before
+        (each judged), the newest complete one of them (new) and whether it is sound (written),
+        what the resume will load, and the temporary files left."""
+        infos = self.entries()
+        done = self.complete(infos)
+        appeared = self.fresh(before, infos)
+        temps = self.temp_entries()
+        chosen, reason = self.resolve()
+        report = {"dir": self.path, "format": chosen.name if chosen else None, "format_reason": reason,
+                  "newest": None, "newest_step": None, "newest_age_s": None, "new": None, "new_step": None,
+                  "written": False, "doubts": [],
+                  "appeared": [self.describe(n, infos[n]) for n in appeared],
+                  "resume": self.resume(infos),
+                  "temp_files_left": [{"name": t["name"], "bytes": t["bytes"]} for t in temps]}
+        if done:
+            name, info = done[-1]
+            report.update(newest=os.path.join(self.path, name), newest_step=info["step"],
+                          newest_age_s=round(time.time() - info["mtime"], 3))
+        fresh_done = [n for n in appeared if infos[n]["complete"]]
+        if fresh_done:
+            name = fresh_done[-1]
+            report.update(new=os.path.join(self.path, name), new_step=infos[name]["step"])
+            report["doubts"] = self.doubts(name, infos, appeared, temps, ended_mid_write)
+            report["written"] = not report["doubts"]
+        return report
+
+    def doubts(self, name, infos, appeared, temps, ended_mid_write=False):
+        """Why the complete checkpoint name may still be cut short, or not be what the resume
+        loads; empty when it is sound."""
         found = []
         if ended_mid_write:
             found.append("the directory was still being written when the trainer was ended "
-                         "without its handler")
-        later = [t["name"] for t in temp_entries(self.path, self.temp_patterns)
-                 if t["mtime"] > entry["mtime"]]
+                         "without saving")
+        later = appeared[appeared.index(name) + 1:]
+        later += [t["name"] for t in temps if t["mtime"] > infos[name]["mtime"]]
         if later:
             found.append(f"a later save was left unfinished ({', '.join(later)})")
-        pointer = latest_pointer(self.path)
-        if pointer is not None and pointer != name:
-            found.append(f"{LATEST_POINTER} names {pointer}, not {name}: a resume would not load it")
+        if self.layout.pointer_names(self.path, name, infos[name]) is False:
+            found.append(f"the trainer's resume would not load it: its pointer names "
+                         f"{self.layout.pointed(self.path) or 'another'} (the save did not finish)")
         return found
 
-    def report(self, before, ended_mid_write=False):
-        """The newest complete checkpoint and its age, the newest one written since before
-        (new) and whether it is sound (written), and the temporary files left."""
-        done = self.complete()
-        fresh = self.fresh(before)
-        report = {"dir": self.path, "newest": None, "newest_age_s": None, "new": None,
-                  "written": False, "doubts": [],
-                  "temp_files_left": temp_entries(self.path, self.temp_patterns)}
-        if done:
-            name, entry = done[-1]
-            report.update(newest=os.path.join(self.path, name),
-                          newest_age_s=round(time.time() - entry["mtime"], 3))
-        if fresh:
-            name, entry = fresh[-1]
-            report["new"] = os.path.join(self.path, name)
-            report["doubts"] = self.doubts(name, entry, ended_mid_write)
-            report["written"] = not report["doubts"]
-        for item in report["temp_files_left"]:
-            del item["mtime"]
-        return report
+    def settled(self, before):
+        """The newest checkpoint new since before once its save is over: complete by the
+        layout's rule, no later save begun, and either named by the layout's pointer (its last
+        write) or, for a layout without one, nothing written for the stable window (HF rotates
+        old checkpoints away after trainer_state.json, SpecForge's scripts copy the model code
+        after the weights). None until then; a quiet window alone never settles one."""
+        infos = self.entries()
+        appeared = self.fresh(before, infos)
+        if not appeared or not infos[appeared[-1]]["complete"]:
+            return None
+        name = appeared[-1]
+        if self.doubts(name, infos, appeared, self.temp_entries()):
+            return None
+        if not self.layout.pointer_names(self.path, name, infos[name]) and \
+                time.time() - infos[name]["mtime"] < self.stable_window:
+            return None
+        return name
 
     def periodic_interval(self):
-        """Seconds between the last periodic checkpoints, or None without such a history."""
-        done = self.complete()[-3:]
-        gaps = [b[1]["mtime"] - a[1]["mtime"] for a, b in zip(done, done[1:])]
+        """Seconds between the trainer's periodic checkpoints: those the running trainer wrote,
+        counted from its start (since), else the directory's history; None without either."""
+        times = sorted(info["mtime"] for _n, info in self.complete())
+        if self.since is not None and any(t >= self.since for t in times):
+            times = [self.since] + [t for t in times if t >= self.since]
+        last = times[-3:]
+        gaps = [b - a for a, b in zip(last, last[1:])]
         return round(max(gaps), 3) if gaps else None
 
     def loss(self):
         """What a stop now loses: the newest complete checkpoint against the last step the
-        trainer logged."""
+        trainer logged (a checkpoint ahead of the log is said to be, not counted as 0)."""
         report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
                   "last_logged_step": last_logged_step(self.log_file, self.step_regex),
-                  "steps_lost": None, "checkpoint_interval_s": None, "free_bytes": None}
+                  "steps_lost": None, "ahead_of_log": None, "checkpoint_interval_s": None,
+                  "free_bytes": None}
         if not self.path:
             return report
         done = self.complete()
         report["checkpoint_interval_s"] = self.periodic_interval()
         report["free_bytes"] = free_bytes(self.path)[0]
+        logged = report["last_logged_step"]
         if done:
-            name, entry = done[-1]
-            report.update(checkpoint=os.path.join(self.path, name), checkpoint_step=step_of(name),
-                          checkpoint_age_s=round(time.time() - entry["mtime"], 1))
-        if report["checkpoint_step"] is not None and report["last_logged_step"] is not None:
-            report["steps_lost"] = max(0, report["last_logged_step"] - report["checkpoint_step"])
-        elif not done and report["last_logged_step"] is not None:
-            report["steps_lost"] = report["last_logged_step"]  # no checkpoint at all: every step
+            name, info = done[-1]
+            report.update(checkpoint=os.path.join(self.path, name), checkpoint_step=info["step"],
+                          checkpoint_age_s=round(time.time() - info["mtime"], 1))
+            if info["step"] is not None and logged is not None:
+                if info["step"] > logged:
+                    report["ahead_of_log"] = info["step"] - logged
+                else:
+                    report["steps_lost"] = logged - info["step"]
+        elif logged is not None:
+            report["steps_lost"] = logged  # no checkpoint at all: every step
         return report
 
-    def settled(self, before):
-        """The newest fresh checkpoint once it is sound and done: the trainer's latest pointer
-        names it, or it has not changed for the stable window (a save in place that is still
-        growing is not done). None until then."""
-        fresh = self.fresh(before)
-        if not fresh:
-            return None
-        name, entry = fresh[-1]
-        if self.doubts(name, entry):
-            return None
-        if latest_pointer(self.path) == name or time.time() - entry["mtime"] >= self.stable_window:
-            return name
-        return None
+    # -- the launch --------------------------------------------------------------------------
+
+    def move_aside(self, name, now=None):
+        """Move checkpoint name to <dir>/.incomplete/<name>-<time> (never deleted). Returns the
+        new path."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        aside = os.path.join(self.path, formats.MOVED_ASIDE)
+        os.makedirs(aside, mode=0o755, exist_ok=True)
+        target = os.path.join(aside, f"{name}-{stamp}")
+        suffix = 1
+        while os.path.lexists(target):
+            suffix += 1
+            target = os.path.join(aside, f"{name}-{stamp}.{suffix}")
+        os.rename(os.path.join(self.path, name), target)
+        return target
+
+    def prepare_resume(self, policy="move_aside", check_mode=False):
+        """Make sure the resume loads a complete checkpoint: an incomplete one its rule picks is
+        moved aside (policy move_aside; the rule then picks the next) or refused (fail, or a
+        pick named by a pointer: moving it would leave the pointer dangling). Returns
+        {resume, moved}; ResumeRefused when it cannot."""
+        moved, skipped = [], set()
+        while True:
+            infos = {n: i for n, i in self.entries().items() if n not in skipped}
+            pick = self.resume(infos)
+            if pick["name"] is None or pick["complete"]:
+                return {"resume": pick, "moved": moved}
+            named = pick["name"] not in infos or self.layout.pointer_names(
+                self.path, pick["name"], infos[pick["name"]])
+            if policy == "fail" or named:
+                raise ResumeRefused(
+                    f"the trainer's resume ({pick['rule']}) would load {pick['path']}, which is "
+                    f"incomplete: {'; '.join(pick['problems'])}; "
+                    + ("a pointer names it, so moving it aside would not help: " if named
+                       else "incomplete_checkpoint=fail: ")
+                    + "nothing was started", resume=pick, moved=moved)
+            if check_mode:
+                moved.append({"name": pick["name"], "to": None, "problems": pick["problems"]})
+                skipped.add(pick["name"])
+                continue
+            moved.append({"name": pick["name"], "to": self.move_aside(pick["name"]),
+                          "problems": pick["problems"]})
+
+
+class ResumeRefused(Exception):
+    def __init__(self, msg, **details):
+        super().__init__(msg)
+        self.details = details
 
 
 def describe_loss(loss):
     if loss["checkpoint"] is None:
         steps = f" ({loss['steps_lost']} steps)" if loss["steps_lost"] is not None else ""
         return f"there is no complete checkpoint: a stop loses the whole run{steps}"
-    text = f"newest checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
-    if loss["steps_lost"] is not None:
+    text = f"newest complete checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
+    if loss["ahead_of_log"] is not None:
+        text += (f" (step {loss['checkpoint_step']}, {loss['ahead_of_log']} steps ahead of the log's "
+                 f"last step {loss['last_logged_step']}: the steps lost cannot be read from the log)")
+    elif loss["steps_lost"] is not None:
         text += (f" (step {loss['checkpoint_step']}, the log is at step {loss['last_logged_step']}:"
                  f" {loss['steps_lost']} steps not in a checkpoint)")
+    elif loss["checkpoint_step"] is None:
+        text += " (its step is not known: the steps lost cannot be counted)"
     return text
 
 
+def move_words(moved):
+    return "; ".join(f"moved the incomplete {m['name']} aside to {m['to'] or '.incomplete/ (check mode)'} "
+                     f"({'; '.join(m['problems'])})" for m in moved)
+
+
 class Activity:
-    """Whether a directory is being written: its fingerprint, sampled at most every
-    SAMPLE_SECONDS (walking a directory a trainer writes a checkpoint into costs CPU)."""
+    """Whether a directory is being written: its fingerprint (a callable), sampled at most
+    every SAMPLE_SECONDS (walking a directory a trainer writes a checkpoint into costs CPU)."""
 
     SAMPLE_SECONDS = 0.5
 
-    def __init__(self, path, window):
-        self.path = path
+    def __init__(self, fingerprint, window):
+        self.fingerprint = fingerprint
         self.window = float(window)
-        self.print = fingerprint(path)
+        self.print = fingerprint()
         self.sampled_at = time.monotonic()
         self.changed_at = None
 
@@ -276,7 +483,7 @@ class Activity:
         if not force and now - self.sampled_at < self.SAMPLE_SECONDS:
             return
         self.sampled_at = now
-        current = fingerprint(self.path)
+        current = self.fingerprint()
         if current != self.print:
             self.print, self.changed_at = current, now
 

@@ -4,10 +4,15 @@
 compatible).
 
 A stage sends one signal to a scope of the target set (module_utils/target_set.py) and
-waits. The graceful stage is the first whose signal the trainer's handler catches (SigCgt):
-its wait grows while the checkpoint directory is being written, up to a cap. A stage of a
-signal the main process ignores is skipped. Before escalating past the first stage the
-main process's threads (state, wchan) and a py-spy dump are recorded.
+waits. The graceful stage is the first whose signal the trainer saves on (the saves_on
+setting, or what its checkpoint layout is known to do) and that its main process catches
+(SigCgt): a caught signal alone proves nothing, since Python's own KeyboardInterrupt
+handler shows as caught. The graceful stage's wait grows while the checkpoint directory is
+being written, up to a cap. The stages before it are skipped (their signals would end the
+trainer without a checkpoint), as is a stage of a signal the main process ignores. The
+first signal is never sent while a save is being written, unless the trainer finishes a
+save on it. Before escalating past the first stage the main process's threads (state,
+wchan) and a py-spy dump are recorded.
 """
 
 from __future__ import annotations
@@ -30,24 +35,35 @@ PY_SPY_PATH = "/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
 AFTER_MAIN_GRACE = 10.0
 
 
-def assess(main, stages):
+def assess(main, stages, saves_on, saves_words):
     """How the ladder's signals meet the main process: their dispositions, the graceful stage
-    (index, or None) and the reason in plain words."""
+    (index, or None) and the reason in plain words. saves_on: the signals the trainer saves
+    on (None: not known)."""
     dispositions = {s["signal"].name: main.disposition(s["signal"]) for s in stages}
     words, graceful = [], None
+    if saves_on is None:
+        words.append(f"what the trainer does on a signal is not known ({saves_words}); set saves_on")
     for index, stage in enumerate(stages):
         sig = stage["signal"]
         state = "default" if sig in NEVER_CAUGHT else dispositions[sig.name]
-        if state == "caught":
+        saving = saves_on is not None and sig in saves_on
+        if saving and state == "caught":
             graceful = index
-            words.append(f"{sig.name} is caught by PID {main.pid}: its handler can checkpoint")
+            words.append(f"{sig.name} is caught by PID {main.pid} and the trainer saves on it ({saves_words})")
             break
         if state == "ignored":
             words.append(f"{sig.name} is ignored by PID {main.pid}"
                          + (", as after a background launch (nohup/&)" if sig == signal.SIGINT else ""))
-            continue
-        words.append(f"{sig.name} is not caught by PID {main.pid}: it ends it without a checkpoint")
-        break
+        elif saving:
+            words.append(f"the trainer saves on {sig.name} ({saves_words}), but PID {main.pid} does not "
+                         "catch it: it ends it without a checkpoint")
+        elif state == "caught":
+            words.append(f"{sig.name} is caught by PID {main.pid}, but no checkpoint follows it"
+                         + (f" ({saves_words})" if saves_on is not None else "")
+                         + " (Python's own KeyboardInterrupt handler shows as caught too)"
+                         * (sig == signal.SIGINT))
+        else:
+            words.append(f"{sig.name} is not caught by PID {main.pid}: it ends it without a checkpoint")
     return dispositions, graceful, "; ".join(words)
 
 
@@ -113,45 +129,82 @@ class Climb:
         self.scope.collect(self.targets, table, holders)
         return table, holders
 
+    def saves(self, index):
+        """Whether stage index's signal makes the trainer save (the graceful stage)."""
+        return index == self.result["graceful_stage"]
+
+    def skip_reason(self, index, stage):
+        """Why stage index is not sent, or None."""
+        name = stage["signal"].name
+        graceful = self.result["graceful_stage"]
+        if graceful is not None and index < graceful:
+            return (f"{name} would end PID {self.main.pid} without a checkpoint: the trainer saves on "
+                    f"{self.options.stages[graceful]['signal'].name}")
+        if (stage["scope"] == "main" and self.options.skip_ignored_stage
+                and self.result["signal_dispositions"].get(name) == "ignored"):
+            return f"{name} is ignored by PID {self.main.pid}"
+        return None
+
     def run(self):
         """Climb until the set is gone. Returns (stopped_by or None, ended mid-write)."""
-        dispositions = self.result["signal_dispositions"]
-        graceful = self.result["graceful_stage"]
         proc_root = self.targets.proc_root
+        first = True
         for index, stage in enumerate(self.options.stages):
             name = stage["signal"].name
-            if (stage["scope"] == "main" and self.options.skip_ignored_stage
-                    and dispositions.get(name) == "ignored"):
-                self.event(event="skipped", stage=index, signal=name,
-                           reason=f"{name} is ignored by PID {self.main.pid}")
+            reason = self.skip_reason(index, stage)
+            if reason:
+                self.event(event="skipped", stage=index, signal=name, reason=reason)
                 continue
+            if first:
+                self.wait_for_save(stage)
+                first = False
             main_alive = proctable.alive(self.main.identity, proc_root)
             if index > 0 and self.result["diagnostics"] is None and main_alive:
                 self.result["diagnostics"] = diagnostics(self.main.identity, self.options, proc_root)
             self.refresh()
             chosen = self.members(stage)
-            if (self.ending is None and main_alive and self.main.identity in chosen
-                    and (stage["signal"] in NEVER_CAUGHT or dispositions.get(name) != "caught")):
+            if self.ending is None and main_alive and self.main.identity in chosen and not self.saves(index):
                 recent = self.activity is not None and self.activity.recent(time.monotonic())
-                self.ending = (recent, checkpoints.fingerprint(self.directory.path)
-                               if self.directory.path else None)
+                self.ending = (recent, self.directory.fingerprint() if self.directory.path else None)
             sent = [ident[0] for ident in chosen if self.targets.send(ident, stage["signal"])]
             if stage["signal"] != signal.SIGKILL:
                 for ident in chosen:  # a stopped (T) process must run to act on the signal
                     self.targets.send(ident, signal.SIGCONT)
             self.event(event="signal", stage=index, signal=name, scope=stage["scope"], pids=sorted(sent))
-            if not self.wait(stage, index, index == graceful):
+            if not self.wait(stage, index, self.saves(index)):
                 self.refresh()  # children or leftovers that surfaced meanwhile keep us going
                 if not self.targets.alive():
                     self.event(event="stopped", stage=index, signal=name)
                     return {"stage": index, "signal": name, "scope": stage["scope"]}, self.ended_mid_write()
         return None, self.ended_mid_write()
 
+    def wait_for_save(self, stage):
+        """Hold the first signal while a save is being written, unless the trainer finishes a
+        save on it (its layout's rule, or the saves_on setting): up to graceful_wait_cap."""
+        survives = self.result["saves_on"]["save_survives"]
+        if not self.directory.path or (survives is not None and stage["signal"].name in survives):
+            return
+        began = time.monotonic()
+        bound = float(self.options.graceful_wait_cap)
+        writing = self.directory.save_in_progress()
+        if writing is None:
+            return
+        while writing is not None and time.monotonic() - began < bound:
+            if not proctable.alive(self.main.identity, self.targets.proc_root):
+                break
+            self.progress(stage=0, signal=f"none yet (a save is being written: {writing})",
+                          elapsed=round(time.monotonic() - began, 1), bound=bound, running=len(self.targets.alive()))
+            time.sleep(0.2)
+            writing = self.directory.save_in_progress()
+        self.event(event="waited_for_save", signal=stage["signal"].name,
+                   waited=round(time.monotonic() - began, 3),
+                   still_writing=writing)
+
     def ended_mid_write(self):
         if self.ending is None or not self.directory.path:
             return False
         recent, before = self.ending
-        return recent or checkpoints.fingerprint(self.directory.path) != before
+        return recent or self.directory.fingerprint() != before
 
     def wait(self, stage, index, graceful):
         """Wait for the set to go (for the main process, when the stage signals only it, then
@@ -170,7 +223,7 @@ class Climb:
             return self.targets.wait_gone(identities, base, on_tick=self.tick_reporter(index, base))
         began = time.monotonic()
         cap_at = began + max(base, float(self.options.graceful_wait_cap))
-        self.activity = checkpoints.Activity(self.directory.path, self.options.checkpoint_activity_window)
+        self.activity = checkpoints.Activity(self.directory.fingerprint, self.options.checkpoint_activity_window)
         extended = [0.0]
         report = self.tick_reporter(index, base)
 
@@ -202,9 +255,9 @@ class Climb:
 
 
 def wait_for_next_checkpoint(options, directory, before, main_ident, result, climb):
-    """Send nothing until a new periodic checkpoint is settled (module_utils/checkpoints.py),
-    then return; raise StopRefused when none lands within 1.5x the observed interval (or
-    next_checkpoint_timeout)."""
+    """Send nothing until a new periodic checkpoint is settled (module_utils/checkpoints.py:
+    complete by its layout's rule, then quiet), then return; raise StopRefused when none lands
+    within 1.5x the observed interval (or next_checkpoint_timeout)."""
     interval = result["loss_at_start"]["checkpoint_interval_s"]
     loss_words = checkpoints.describe_loss(result["loss_at_start"])
     if interval is None:

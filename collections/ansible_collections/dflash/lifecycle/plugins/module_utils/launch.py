@@ -122,22 +122,34 @@ def _child_setup():
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def command(params):
-    """The command to run, with the resume arguments when resume_auto finds a checkpoint."""
-    found = params.get("resume_auto") and params.get("checkpoint_dir") and any(
-        entry["complete"] for entry in checkpoints.entries(params["checkpoint_dir"], params["checkpoint_pattern"]).values())
-    return list(params["command"]) + (list(params["resume_args"]) if found else []), bool(found)
+def prepare_resume(params, check_mode=False):
+    """What the trainer's resume will load, once an incomplete checkpoint its rule would pick is
+    moved aside (incomplete_checkpoint=move_aside) - only when it resumes (resumes, or
+    resume_auto); None otherwise. checkpoints.ResumeRefused when it cannot be made safe."""
+    if not params.get("checkpoint_dir") or not (params.get("resumes") or params.get("resume_auto")):
+        return None
+    directory = checkpoints.Directory(params["checkpoint_dir"], params["checkpoint_format"],
+                                      params["checkpoint_custom"])
+    return directory.prepare_resume(params["incomplete_checkpoint"], check_mode)
 
 
-def start(params):
+def command(params, prepared):
+    """The command to run, with the resume arguments when resume_auto finds a complete
+    checkpoint the trainer's resume would load (prepared: prepare_resume's)."""
+    found = bool(params.get("resume_auto") and prepared and prepared["resume"]["name"])
+    return list(params["command"]) + (list(params["resume_args"]) if found else []), found
+
+
+def start(params, prepared=None):
     """Start the trainer and wait until it is healthy. Returns facts about it; LaunchError
     when it is not healthy (its log set aside)."""
     log_file = params["log_file"]
-    argv, resumed = command(params)
+    argv, resumed = command(params, prepared)
     os.makedirs(os.path.dirname(log_file), mode=0o755, exist_ok=True)
     rotate_logs(log_file, params["log_keep"])
     log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
     run_id = uuid.uuid4().hex
+    os.write(log_fd, progress.launch_line(params.get("release"), run_id).encode())
     try:
         proc = subprocess.Popen(argv, cwd=params.get("cwd") or "/",
                                 env=dict(os.environ, **{RUN_ID_ENV: run_id}),

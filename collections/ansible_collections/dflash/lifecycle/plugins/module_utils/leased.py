@@ -50,9 +50,9 @@ def ct_state(lock_path):
     argv = proctable.read_argv(proc.pid) or []
     if "--output-dir" in argv[:-1]:
         directory = argv[argv.index("--output-dir") + 1]
-        done = sorted((e["mtime"], n) for n, e in checkpoints.entries(directory, "*").items() if e["complete"])
-        words += (f", newest checkpoint {os.path.join(directory, done[-1][1])}" if done
-                  else f", no checkpoint in {directory}")
+        done = checkpoints.Directory(directory).complete()  # its layout, as auto recognises it
+        words += (f", newest checkpoint {os.path.join(directory, done[-1][0])}" if done
+                  else f", no complete checkpoint in {directory}")
     return words
 
 

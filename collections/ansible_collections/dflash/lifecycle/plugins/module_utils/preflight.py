@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints
 
 
 def count_gpus(nvidia_smi):
@@ -57,7 +57,27 @@ def preflight(params):
         check("trainer_script", os.path.isfile(script),
               f"{script}: " + ("present" if os.path.isfile(script) else "missing"),
               "no release is installed: run `make push` (or `make restart`) first")
-    found = checkpoints.entries(params["output_dir"], params["checkpoint_pattern"])
-    return {"checks": checks, "gpu_count": gpus,
-            "checkpoint_present": any(e["complete"] for e in found.values()),
+    layout = checkpoint_layout(params, check)
+    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout,
+            "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def checkpoint_layout(params, check):
+    """The checkpoint_layout check (the layout set matches what the directory holds) and what
+    the directory holds by it: the layout, the newest complete checkpoint, what the resume loads."""
+    try:
+        directory = checkpoints.Directory(params["output_dir"], params["checkpoint_format"],
+                                          params["checkpoint_custom"])
+        directory.check()
+    except checkpoint_formats.InvalidLayout as err:
+        check("checkpoint_layout", False, str(err).replace(" Nothing was signalled.", ""))
+        return None
+    infos = directory.entries()
+    done = directory.complete(infos)
+    chosen, reason = directory.resolve()
+    check("checkpoint_layout", True, reason or f"checkpoint_format={params['checkpoint_format']}")
+    return {"format": chosen.name if chosen else None, "format_reason": reason,
+            "newest": done[-1][0] if done else None, "newest_step": done[-1][1]["step"] if done else None,
+            "incomplete": [n for n in directory.ordered(infos) if not infos[n]["complete"]],
+            "resume": directory.resume(infos)}

@@ -23,6 +23,7 @@ and the median of each stage's average over the same span.
 from __future__ import annotations
 
 import re
+import time
 
 STEP_REGEX = r"\bstep[\s:=#]*(\d+)\b"
 THROUGHPUT_PATTERNS = (
@@ -32,6 +33,10 @@ THROUGHPUT_PATTERNS = (
 PROFILE_LINE_REGEX = r"ProfileStats"
 PROFILE_STAGE_REGEX = r"(?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms"
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+# the line the launch writes at the head of each run's log: which release the run is
+LAUNCH_LINE = re.compile(r"dflash-lifecycle: launch of release (?P<release>\S+) \(run (?P<run>\w+)\)")
+# a progress line's time, when the trainer starts its lines with one (2026-11-30 10:00:01)
+LINE_TIME = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)")
 SCALE = {"k": 1e3, "m": 1e6}
 
 
@@ -124,6 +129,35 @@ class LogReader:
                 report["stages"][name] = {"avg_ms": round(median(averages), 3),
                                           "max_ms": max(peaks) if peaks else None}
         return report
+
+
+def launch_line(release, run_id, now=None):
+    """The line the launch writes at the head of a run's log (LAUNCH_LINE reads it back)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    return f"{stamp} dflash-lifecycle: launch of release {release or 'unknown'} (run {run_id})\n"
+
+
+def history(reader, lines):
+    """[(step, tok/s, epoch seconds or None, release or None, run or None)] of a log's progress
+    lines, each with the release and run identity of the launch line before it."""
+    found, release, run = [], None, None
+    for line in lines:
+        launched = LAUNCH_LINE.search(line)
+        if launched:
+            release, run = launched.group("release"), launched.group("run")
+            continue
+        point = reader.progress(line)
+        if point is None:
+            continue
+        stamp = LINE_TIME.search(line)
+        when = None
+        if stamp:
+            try:
+                when = time.mktime(time.strptime(stamp.group(1).replace("T", " "), "%Y-%m-%d %H:%M:%S"))
+            except ValueError:
+                when = None
+        found.append((point[0], point[1], when, release, run))
+    return found
 
 
 def traceback_in(lines):

@@ -16,7 +16,7 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoints, ladder, proctable, rundir, target_set, trainer_finding)
+    checkpoint_formats, checkpoints, ladder, proctable, rundir, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -37,12 +37,12 @@ def _cpu_seconds():
 def progress_report(options, directory):
     """The stop's progress for options.progress_file: the stage and its wait (Climb), plus the
     checkpoint bytes written since the stop began and the steps not yet in a checkpoint."""
-    base = checkpoints.fingerprint(directory.path)[1] if directory.path else 0
+    base = directory.fingerprint()[1]
 
     def checkpoint_fields():
         if not directory.path:
             return {}
-        return {"checkpoint_bytes": checkpoints.fingerprint(directory.path)[1] - base,
+        return {"checkpoint_bytes": directory.fingerprint()[1] - base,
                 "steps_since_checkpoint": directory.loss()["steps_lost"]}
 
     return rundir.ProgressFile(options.progress_file, checkpoint_fields)
@@ -68,7 +68,11 @@ def run(options, proc_root="/proc", check_mode=False):
         raise StopFailed(str(err), result) from None
     if main is not None:
         result["checkpoint_dir_source"] = _checkpoint_dir_of(main, options, proc_root)
-    directory = checkpoints.Directory(options)
+    directory = checkpoints.Directory.of(options)
+    try:
+        directory.check()
+    except checkpoint_formats.InvalidLayout as err:
+        raise StopFailed(str(err), result) from None
     before = directory.entries()
     targets = target_set.Targets(proc_root)
     progress = progress_report(options, directory)
@@ -80,12 +84,15 @@ def run(options, proc_root="/proc", check_mode=False):
                 result["checkpoint"] = directory.report(before)
             return result
         holders = target_set.device_holders(options, table, proc_root)
+        directory.since = proctable.start_wall_time(main, proc_root)
         result.update(
             changed=True, stopped=False, run_id=scope.run_id, targets=targets.report(),
             other_gpu_holders=target_set.others(holders, targets, table),
             loss_at_start=directory.loss())
+        signals, survives, words = directory.saving(options.saves_on)
+        result["saves_on"] = {"signals": _names(signals), "save_survives": _names(survives), "words": words}
         result["signal_dispositions"], result["graceful_stage"], result["graceful_reason"] = \
-            ladder.assess(main, options.stages)
+            ladder.assess(main, options.stages, signals, words)
         result["graceful_possible"] = result["graceful_stage"] is not None
         if result["graceful_stage"] != 0:
             result["notes"].append(result["graceful_reason"])
@@ -100,6 +107,10 @@ def run(options, proc_root="/proc", check_mode=False):
         targets.close()
         progress.close()
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
+
+
+def _names(signals):
+    return None if signals is None else sorted(s.name for s in signals)
 
 
 def _checkpoint_dir_of(main, options, proc_root):
@@ -186,12 +197,17 @@ def _verify(options, directory, before, ended_mid_write, targets, result, main, 
 def _no_checkpoint(result, expected):
     ckpt, loss = result["checkpoint"], result["loss"]
     why = ("; ".join(ckpt["doubts"]) + f" (new: {ckpt['new']})") if ckpt["new"] else "none appeared"
+    incomplete = [a for a in ckpt["appeared"] if not a["complete"]]
+    if incomplete:
+        why += "; " + "; ".join(f"{a['name']} is incomplete: {'; '.join(a['problems'])}" for a in incomplete)
     text = (f"the trainer stopped, but no new sound checkpoint in {ckpt['dir']}: {why}. "
             f"{checkpoints.describe_loss(loss)}. Free space there: "
             f"{loss['free_bytes'] / 1024 ** 3:.2f} GiB.")
     if ckpt["temp_files_left"]:
         text += " Temporary files left (not deleted): " + ", ".join(
             f"{t['name']} ({t['bytes']} bytes)" for t in ckpt["temp_files_left"]) + "."
+    if ckpt["format"] is None:
+        text += f" ({ckpt['format_reason']}: set checkpoint_format.)"
     text += " No trainer is running."
     if expected:
         text += (f" ({result['graceful_reason']}, so a checkpoint was expected; "
@@ -217,10 +233,21 @@ def _summary(result, main_pid, started):
     ckpt = result.get("checkpoint")
     if ckpt is not None:
         head += ("; new checkpoint " + ckpt["new"]) if ckpt["written"] else "; NO new checkpoint"
+        if not ckpt["written"] and ckpt["newest"]:
+            head += f" (newest complete: {ckpt['newest']})"
     loss = result["loss"]
-    if loss["steps_lost"] is not None:
+    if loss["ahead_of_log"] is not None:
+        head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
+                 f"of the log (step {loss['last_logged_step']}): steps lost not known")
+    elif loss["steps_lost"] is not None:
         head += (f"; {loss['steps_lost']} steps after the newest checkpoint lost" if loss["checkpoint"]
                  else f"; no checkpoint at all: all {loss['steps_lost']} steps of the run lost")
+    elif loss["checkpoint"] and loss["checkpoint_step"] is None:
+        head += "; steps lost not known (the checkpoint's step is not known)"
+    resume = (ckpt or {}).get("resume") or {}
+    if resume.get("name") and not resume["complete"]:
+        head += (f"; the trainer's resume would load the incomplete {resume['name']} "
+                 f"({'; '.join(resume['problems'])})")
     if result["other_gpu_holders"]:
         head += f"; {_others(result)}"
     return head

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoints import DEFAULT_TEMP_PATTERNS
 
 DEFAULT_LADDER = (
@@ -43,7 +44,8 @@ ARGUMENT_SPEC = {
     "leftover_pattern": {"type": "str"},
     "checkpoint_dir": {"type": "path"},
     "checkpoint_dir_flag": {"type": "str", "default": "--output-dir"},
-    "checkpoint_pattern": {"type": "str", "default": "*"},
+    **checkpoint_formats.ARGUMENT_SPEC,
+    "saves_on": {"type": "str", "choices": list(checkpoint_formats.SAVES_ON), "default": "auto"},
     "checkpoint_temp_patterns": {"type": "list", "elements": "str",
                                  "default": list(DEFAULT_TEMP_PATTERNS)},
     "checkpoint_activity_window": {"type": "float", "default": 5},

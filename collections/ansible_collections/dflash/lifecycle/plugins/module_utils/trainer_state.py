@@ -22,7 +22,8 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import
 
 def throughput(log_file, step_regex, patterns, lines, history=0):
     """The last progress line's step and figure, the median of the last `lines` figures, and
-    with history, up to that many (step, tok/s) points spread over the log."""
+    with history, up to that many points [step, tok/s, time, release, run] spread over this run's log
+    and the one before it (LOG.1: the run the last redeploy replaced), oldest first."""
     reader = progress.LogReader(step_regex, patterns)
     points = reader.progress_lines(progress.read_lines(log_file))
     recent = [figure for _step, figure, _line in points[-lines:]]
@@ -30,8 +31,9 @@ def throughput(log_file, step_regex, patterns, lines, history=0):
               "last": points[-1][1] if points else None,
               "median": progress.median(recent), "lines": len(recent)}
     if history:
-        picked = points if len(points) <= history else [points[i * len(points) // history] for i in range(history)]
-        report["history"] = [[step, figure] for step, figure, _line in picked]
+        found = progress.history(reader, progress.read_lines(f"{log_file}.1") + progress.read_lines(log_file))
+        picked = found if len(found) <= history else [found[i * len(found) // history] for i in range(history)]
+        report["history"] = [list(point) for point in picked]
     return report
 
 
@@ -53,11 +55,17 @@ def read(params, proc_root="/proc"):
     state["throughput"] = throughput(params["log_file"], params["step_regex"], params["throughput_patterns"],
                                      params["throughput_lines"], params["throughput_history"])
     state["throughput"]["at_launch"] = (rundir.read_launch_record(params["pidfile"]) or {}).get("tokens_per_s")
-    done = sorted((e["mtime"], n) for n, e in checkpoints.entries(
-        params["checkpoint_dir"], params["checkpoint_pattern"]).items() if e["complete"])
-    state["checkpoint"] = {"dir": params["checkpoint_dir"],
-                           "newest": os.path.join(params["checkpoint_dir"], done[-1][1]) if done else None,
-                           "newest_age_s": round(time.time() - done[-1][0], 1) if done else None}
+    directory = checkpoints.Directory(params["checkpoint_dir"], params["checkpoint_format"],
+                                      params["checkpoint_custom"])
+    infos = directory.entries()
+    done = directory.complete(infos)
+    chosen, reason = directory.resolve()
+    state["checkpoint"] = {"dir": params["checkpoint_dir"], "format": chosen.name if chosen else None,
+                           "format_reason": reason,
+                           "newest": os.path.join(params["checkpoint_dir"], done[-1][0]) if done else None,
+                           "newest_step": done[-1][1]["step"] if done else None,
+                           "newest_age_s": round(time.time() - done[-1][1]["mtime"], 1) if done else None,
+                           "resume": directory.resume(infos)}
     held = lock.read(params["lock_path"]) if params.get("lock_path") else None
     state["lock"] = held if held and held.get("expires", 0) > time.time() else None
     return state

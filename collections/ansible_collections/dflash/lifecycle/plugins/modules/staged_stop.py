@@ -30,10 +30,21 @@ description:
   - Signals go to single processes identified by (PID, start time), through pidfds where the
     kernel allows; never to a process group number. Inside a container entered with
     C(pct exec) the PGID and SID are 0, and C(kill 0) would hit the caller itself.
-  - It reads SigIgn/SigCgt of the main process. The graceful stage is the first whose signal
-    the trainer catches (SIGINT, or SIGTERM when SIGINT is ignored and SIGTERM is caught); its
-    wait is extended while O(checkpoint_dir) keeps changing, up to O(graceful_wait_cap). A stage
-    of scope V(main) whose signal is ignored is skipped unless O(skip_ignored_stage=false).
+  - The graceful stage is the first whose signal the trainer saves on (O(saves_on)) and its main
+    process catches (SigCgt in C(/proc/PID/status)). A caught signal alone is not enough - Python's
+    own KeyboardInterrupt handler shows as caught, and HF Trainer, DeepSpeed, torchtitan and
+    SpecForge save nothing on it. Its wait is extended while the checkpoint directory keeps
+    changing, up to O(graceful_wait_cap). The stages before it are skipped (their signals would
+    end the trainer without a checkpoint), and a stage of scope V(main) whose signal is ignored is
+    skipped unless O(skip_ignored_stage=false).
+  - The first signal is never sent while a save is being written (a temporary entry, or an
+    incomplete checkpoint changed within O(checkpoint_activity_window)) unless the trainer finishes
+    a save on that signal; it waits for the save, up to O(graceful_wait_cap).
+  - What counts as a checkpoint, its step and whether it is complete come from
+    O(checkpoint_format); a quiet directory never makes one complete. The result says which
+    layout was used, every checkpoint that appeared during the stop and whether it is complete,
+    the newest complete one, the steps lost from it, and which checkpoint the trainer's own
+    resume would load (C(resume) in RV(checkpoint)).
   - Waits without busy polling (poll() on pidfds, exited ones unregistered; the checkpoint
     directory is read at most twice a second). Stopped means every process of the set is gone;
     zombies count as gone.
@@ -117,10 +128,19 @@ options:
         to always use O(checkpoint_dir).
     type: str
     default: --output-dir
-  checkpoint_pattern:
-    description: Glob of checkpoint entries in O(checkpoint_dir).
+  saves_on:
+    description:
+      - The signal on which the trainer writes a checkpoint - V(SIGINT) (an C(except
+        KeyboardInterrupt:) that saves, as the field's DFlash trainer has), V(SIGTERM) (a SIGTERM
+        handler that saves, such as HF's C(enable_jit_checkpoint)), V(none), or V(auto) - what its
+        checkpoint layout is known to do (V(step_dirs) saves on SIGINT; HF Trainer, Lightning,
+        DeepSpeed, DCP and SpecForge save on none). With V(auto) and no layout known yet it is not
+        known, and no stage counts as graceful.
+      - With no stage that saves, O(no_graceful) decides (the default waits for the next periodic
+        checkpoint to be complete, then stops).
     type: str
-    default: "*"
+    choices: [auto, SIGINT, SIGTERM, none]
+    default: auto
   checkpoint_temp_patterns:
     description:
       - Globs of temporary names. Such entries are not checkpoints, and a checkpoint directory
@@ -136,8 +156,10 @@ options:
     default: 5
   checkpoint_stable_window:
     description:
-      - With V(wait_for_checkpoint), a new checkpoint counts as landed once the trainer's
-        C(latest) pointer names it or it has not changed for this many seconds.
+      - With V(wait_for_checkpoint), a new checkpoint counts as landed once it is complete by its
+        layout's rule (and named by the layout's pointer, where it keeps one), no later save has
+        begun, and nothing in it has changed for this many seconds (the files a save writes after
+        the layout's marker).
     type: float
     default: 2
   graceful_wait_cap:
@@ -159,12 +181,13 @@ options:
     default: fail
   no_graceful:
     description:
-      - What to do when no ladder signal can make the trainer checkpoint (SIGINT ignored, as after
-        a C(nohup ... &) launch, and SIGTERM not caught).
-      - V(wait_for_checkpoint) sends nothing until the next periodic checkpoint has landed in
-        O(checkpoint_dir) (see O(checkpoint_stable_window)), then runs the ladder from its first
-        stage that can end the process; it waits at most 1.5x the interval between the last
-        periodic checkpoints (or O(next_checkpoint_timeout)), and fails without signalling when
+      - What to do when no ladder signal can make the trainer checkpoint (it saves on none of them
+        (O(saves_on)), or ignores the one it saves on, as SIGINT after a C(nohup ... &) launch).
+      - V(wait_for_checkpoint) (the checkpoint-aligned stop) sends nothing until the next periodic
+        checkpoint has landed in O(checkpoint_dir) (see O(checkpoint_stable_window)), then runs the
+        ladder from its first stage that can end the process; it waits at most 1.5x the interval
+        between the trainer's periodic checkpoints (counted from its start when it wrote one, else
+        the directory's history) or O(next_checkpoint_timeout), and fails without signalling when
         none lands or there is no such history.
       - V(fail) fails before any signal, reporting what a stop would lose.
       - V(proceed) runs the ladder as configured.
@@ -218,6 +241,7 @@ options:
       - Must be in a root-only directory (written with O_NOFOLLOW and renamed into place).
     type: path
 extends_documentation_fragment:
+  - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -253,10 +277,18 @@ EXAMPLES = r"""
     pidfile: /run/dflash/trainer.pid
     pattern: train_dflash_pipeline[.]py
     checkpoint_dir: /workspace/checkpoints
-    checkpoint_pattern: step_*
+    checkpoint_format: auto  # the layout is recognised and named in the result
+    saves_on: SIGINT  # its KeyboardInterrupt handler writes a checkpoint
     require_checkpoint: true
     detach: true  # the stop runs to its end even if the connection drops
   register: trainer_stopped
+
+- name: An HF Trainer run (saves on no signal) - stop right after its next checkpoint-N is complete
+  dflash.lifecycle.staged_stop:
+    pattern: run_clm[.]py
+    checkpoint_dir: /workspace/out
+    checkpoint_format: hf_trainer
+    no_graceful: wait_for_checkpoint
 
 - name: A trainer known to ignore SIGINT; give SIGTERM longer
   dflash.lifecycle.staged_stop:
@@ -295,8 +327,8 @@ stopped_by:
 timeline:
   description:
     - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started.
-    - Events are C(signal) (with the PIDs it reached), C(skipped), C(checkpoint_landed),
-      C(wait_extended) and C(stopped).
+    - Events are C(signal) (with the PIDs it reached), C(skipped), C(waited_for_save) (the first
+      signal held while a save was written), C(checkpoint_landed), C(wait_extended) and C(stopped).
   returned: always
   type: list
   elements: dict
@@ -333,15 +365,32 @@ diagnostics:
   returned: when a stage past the first was reached
   type: dict
 checkpoint:
-  description: >-
-    Newest complete checkpoint and its age, the newest one written after the first signal
-    (C(new)), whether it is sound (C(written)) and if not why (C(doubts) - still being written
-    when the trainer was ended without its handler, a later save left unfinished, a C(latest)
-    pointer naming another), and the temporary files left in the directory with their size.
+  description:
+    - What the checkpoint directory holds after the stop, judged by its layout - C(format) and
+      C(format_reason) (the layout used, and for V(auto) what it was recognised by), C(newest)
+      (the newest complete checkpoint, by step) with C(newest_step) and C(newest_age_s), C(appeared)
+      (every checkpoint new or changed since the stop began, each with C(step), C(complete) and the
+      C(problems) that make it incomplete), C(new) (the newest complete one of them) with C(new_step),
+      C(written) (C(new) is sound) and C(doubts) (why not - still being written when the trainer was
+      ended without saving, a later save left unfinished), C(resume) (what the trainer's own resume
+      rule loads - C(name), C(path), C(step), C(complete), C(problems), C(rule)) and
+      C(temp_files_left) with their size.
   returned: when checkpoint_dir is given
   type: dict
-  sample: {dir: /workspace/checkpoints, newest: /workspace/checkpoints/step_812, newest_age_s: 0.4,
-           new: /workspace/checkpoints/step_812, written: true, doubts: [], temp_files_left: []}
+  sample: {dir: /workspace/checkpoints, format: hf_trainer, format_reason: "auto: 3 entries like checkpoint-500",
+           newest: /workspace/checkpoints/checkpoint-500, newest_step: 500, newest_age_s: 0.4,
+           appeared: [{name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true, problems: []}],
+           new: /workspace/checkpoints/checkpoint-500, new_step: 500, written: true, doubts: [],
+           resume: {name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true,
+                    problems: [], rule: "the highest checkpoint-N, unchecked (get_last_checkpoint)"},
+           temp_files_left: []}
+saves_on:
+  description: >-
+    The signals the trainer saves on (C(signals)) and those a save in progress survives
+    (C(save_survives)), null when not known, and where that came from (C(words)).
+  returned: when a trainer was found
+  type: dict
+  sample: {signals: [], save_survives: [], words: "saves_on=auto: a HF transformers Trainer trainer saves nothing on a signal"}
 signal_dispositions:
   description: For each ladder signal, whether the main process catches, ignores or defaults it.
   returned: when a trainer was found
@@ -378,8 +427,9 @@ graceful_reason:
 loss_at_start:
   description:
     - What a stop would have lost before anything was sent - newest complete checkpoint (path,
-      step parsed from its name, age), last step in the log, the steps in between, and the
-      interval between the last periodic checkpoints.
+      its step by its layout, age), last step in the log, the steps in between (C(steps_lost); null
+      with C(ahead_of_log) when the checkpoint's step is past the log's last one), and the interval
+      between the trainer's periodic checkpoints.
   returned: when a trainer was found
   type: dict
 loss:

@@ -27,10 +27,6 @@ options:
     description: Where the trainer writes checkpoints.
     type: path
     required: true
-  checkpoint_pattern:
-    description: Glob of one checkpoint.
-    type: str
-    default: step_*
   log_file:
     description: The trainer's log.
     type: path
@@ -51,7 +47,11 @@ options:
     type: int
     default: 5
   throughput_history:
-    description: Also return up to this many (step, tok/s) points spread over the log (C(throughput.history)); 0 for none.
+    description:
+      - Also return up to this many points C([step, tok/s, time, release, run]) spread over the run's log
+        and the one before it (C(LOG.1), the run the last redeploy replaced) (C(throughput.history)),
+        time from the line's leading timestamp (or null), release and run identity from the launch's line at
+        the head of each log (or null); 0 for none.
     type: int
     default: 0
   release_base:
@@ -62,6 +62,7 @@ options:
     type: path
     default: /run/dflash/redeploy.lock
 extends_documentation_fragment:
+  - dflash.lifecycle.checkpoint_format
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 attributes:
@@ -122,12 +123,15 @@ throughput:
     The step and tok/s of the last progress line (C(step), C(last)), the median of the last
     O(throughput_lines) (C(median), C(lines)), the figure recorded at the last launch
     (C(at_launch), the new run's window its redeploy measured), and with O(throughput_history) the
-    points C([step, tok/s]) (C(history)).
+    points C([step, tok/s, time, release, run]) (C(history)).
   returned: always
   type: dict
   sample: {step: 8120, last: 14210.5, median: 14188.0, lines: 5, at_launch: 14002.3}
 checkpoint:
-  description: The directory, the newest complete checkpoint and its age.
+  description: >-
+    The directory, its layout (C(format), C(format_reason)), the newest complete checkpoint, its
+    step and age, and what the trainer's resume would load (C(resume), as
+    M(dflash.lifecycle.staged_stop) reports it).
   returned: always
   type: dict
 lock:
@@ -142,7 +146,7 @@ found:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import progress, trainer_state
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, progress, trainer_state
 
 
 def main():
@@ -151,7 +155,7 @@ def main():
             "pidfile": {"type": "path", "required": True},
             "pattern": {"type": "str"},
             "checkpoint_dir": {"type": "path", "required": True},
-            "checkpoint_pattern": {"type": "str", "default": "step_*"},
+            **checkpoint_formats.ARGUMENT_SPEC,
             "log_file": {"type": "path", "required": True},
             "step_regex": {"type": "str", "default": progress.STEP_REGEX},
             "throughput_patterns": {"type": "list", "elements": "str",
@@ -165,7 +169,7 @@ def main():
     )
     try:
         state = trainer_state.read(module.params)
-    except ValueError as err:  # a step regex without a group, a pattern without value
+    except ValueError as err:  # a step regex without a group, a pattern without value, a bad layout
         module.fail_json(msg=str(err))
     module.exit_json(changed=False, **state)
 

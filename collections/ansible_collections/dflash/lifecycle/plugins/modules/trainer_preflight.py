@@ -15,7 +15,11 @@ description:
     wipes), that the data directory is not empty and that the checkpoint directory has enough
     free space, and, with O(trainer_script), that the trainer to launch is installed. Every check
     is reported with the value found; every failing one is named.
-  - Also reports whether a complete checkpoint exists, for resume=auto.
+  - Also checks that O(checkpoint_format) matches what O(output_dir) holds (a layout set that
+    claims nothing in a directory holding another layout's checkpoints, or a custom pattern that
+    matches nothing in a directory holding files, fails naming what it holds and the layout that
+    would match), and reports the layout, the newest complete checkpoint and what the trainer's
+    resume would load (RV(checkpoint)).
 options:
   target_model:
     description: Target model directory.
@@ -37,10 +41,6 @@ options:
     description: Free space needed at O(output_dir), in GiB.
     type: float
     default: 10
-  checkpoint_pattern:
-    description: Glob of one checkpoint in O(output_dir).
-    type: str
-    default: step_*
   nvidia_smi:
     description:
       - The nvidia-smi command, by absolute path (the NVIDIA driver installs it in C(/usr/bin);
@@ -126,6 +126,7 @@ options:
         choices: [repair, fail]
         default: repair
 extends_documentation_fragment:
+  - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -176,6 +177,17 @@ checkpoint_present:
   description: Whether a complete checkpoint exists in O(output_dir).
   returned: always
   type: bool
+checkpoint:
+  description: >-
+    What O(output_dir) holds by its layout - C(format) and C(format_reason) (for V(auto), what it
+    was recognised by; null while the directory holds no checkpoint), C(newest) and C(newest_step)
+    (the newest complete checkpoint), C(incomplete) (the names of incomplete ones) and C(resume)
+    (what the trainer's resume rule would load, as M(dflash.lifecycle.staged_stop) reports it).
+  returned: when the layout check passed
+  type: dict
+  sample: {format: deepspeed, format_reason: "auto: 2 entries like global_step200", newest: global_step200,
+           newest_step: 200, incomplete: [], resume: {name: global_step200, step: 200, complete: true,
+           path: /workspace/checkpoints/global_step200, problems: [], rule: the tag latest names}}
 trainer_running:
   description: Whether a trainer runs (found as O(trainer) says).
   returned: when trainer is set
@@ -202,7 +214,8 @@ release_status:
 
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight, progress, releases, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils import (
+    checkpoint_formats, leased, preflight, progress, releases, trainer_finding)
 
 
 def main():
@@ -214,7 +227,7 @@ def main():
             "output_dir": {"type": "path", "required": True},
             "gpus_needed": {"type": "int", "default": 0},
             "min_free_gb": {"type": "float", "default": 10},
-            "checkpoint_pattern": {"type": "str", "default": "step_*"},
+            **checkpoint_formats.ARGUMENT_SPEC,
             "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
             "trainer_script": {"type": "path"},
             "trainer": {"type": "dict", "options": {

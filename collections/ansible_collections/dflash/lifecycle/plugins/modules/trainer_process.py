@@ -108,6 +108,13 @@ options:
     type: list
     elements: path
     default: []
+  release_base:
+    description:
+      - >-
+        The release directory, to name the release C(current) points to in the line the launch
+        writes at the head of the run's log (C(dflash-lifecycle: launch of release <id> (run
+        <run id>))); with O(activate), its release is named. The throughput chart reads it.
+    type: path
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode
@@ -141,21 +148,37 @@ options:
   checkpoint_dir:
     description: Checkpoint directory; with O(min_free_gb), the free space there is checked before the start.
     type: path
-  checkpoint_pattern:
-    description: Glob of one checkpoint in O(checkpoint_dir), for O(resume_auto).
-    type: str
-    default: "*"
   min_free_gb:
     description: Free space O(checkpoint_dir) needs, in GiB; 0 skips the check.
     type: float
     default: 0
   resume_auto:
     description:
-      - Append O(resume_args) to O(command) when a complete checkpoint is in O(checkpoint_dir) at the
-        moment of the start (the wrapper passes its arguments on to the trainer). Decided here, in
-        the CT, so the checkpoint a stop just wrote counts, the first one of a young run included.
+      - Append O(resume_args) to O(command) when the trainer's own resume rule (its
+        O(checkpoint_format)) picks a complete checkpoint in O(checkpoint_dir) at the moment of the
+        start (the wrapper passes its arguments on to the trainer). Decided here, in the CT, so the
+        checkpoint a stop just wrote counts, the first one of a young run included.
     type: bool
     default: false
+  resumes:
+    description:
+      - The trainer resumes from O(checkpoint_dir) whatever O(resume_auto) says (its resume flag is
+        in O(command) or the wrapper). Then, as with O(resume_auto), what its resume rule would
+        load is checked first (O(incomplete_checkpoint)).
+    type: bool
+    default: false
+  incomplete_checkpoint:
+    description:
+      - When the checkpoint the trainer's resume rule picks is incomplete (HF's picks the highest
+        C(checkpoint-N) unchecked, and would load a half-written one, skipping its missing
+        optimizer state in silence) - V(move_aside) moves it to
+        C(<checkpoint_dir>/.incomplete/<name>-<UTC time>), never deleted, and looks again (the rule
+        then picks the one before; RV(moved_aside) lists what moved); V(fail) refuses to start.
+      - A pick named by the layout's pointer (DeepSpeed's C(latest), Lightning's C(last.ckpt)) is
+        never moved, since the pointer would then name nothing - the launch refuses instead.
+    type: str
+    choices: [move_aside, fail]
+    default: move_aside
   resume_args:
     description: The arguments that make the trainer resume from its latest checkpoint.
     type: list
@@ -218,6 +241,7 @@ options:
     type: float
     default: 300
 extends_documentation_fragment:
+  - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -339,6 +363,23 @@ resumed:
   description: Whether O(resume_auto) found a checkpoint and added O(resume_args).
   returned: when the trainer was started
   type: bool
+resume:
+  description: >-
+    What the trainer's resume rule loads at the start (after any move aside) - C(name), C(path),
+    C(step), C(complete), C(problems) and the C(rule); C(name) null when it loads nothing.
+  returned: when the trainer resumes (O(resumes) or O(resume_auto)) and O(checkpoint_dir) is set
+  type: dict
+  sample: {name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true,
+           problems: [], rule: "the highest checkpoint-N, unchecked (get_last_checkpoint)"}
+moved_aside:
+  description: >-
+    Incomplete checkpoints the resume would have loaded, moved aside before the start - C(name),
+    C(to) (null in check mode) and the C(problems) that made it incomplete.
+  returned: when the trainer resumes and O(checkpoint_dir) is set
+  type: list
+  elements: dict
+  sample: [{name: checkpoint-600, to: /workspace/checkpoints/.incomplete/checkpoint-600-20261201T101500,
+            problems: ["no trainer_state.json (HF transformers Trainer writes it last: the save did not finish)"]}]
 run_id:
   description: The run identity (C(DFLASH_RUN_ID)) every process of the run carries.
   returned: when the trainer was started
@@ -363,9 +404,11 @@ log_tail:
   elements: str
 """
 
+import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory, launch, leased, progress, releases, rundir, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils import (
+    checkpoint_formats, checkpoints, gpu_memory, launch, leased, progress, releases, rundir, trainer_finding)
 
 
 def wait_for_gpus(module, params, done):
@@ -409,9 +452,11 @@ def main():
             "log_file": {"type": "path", "required": True},
             "log_keep": {"type": "int", "default": 5},
             "checkpoint_dir": {"type": "path"},
-            "checkpoint_pattern": {"type": "str", "default": "*"},
+            **checkpoint_formats.ARGUMENT_SPEC,
             "min_free_gb": {"type": "float", "default": 0},
             "resume_auto": {"type": "bool", "default": False},
+            "resumes": {"type": "bool", "default": False},
+            "incomplete_checkpoint": {"type": "str", "choices": ["move_aside", "fail"], "default": "move_aside"},
             "resume_args": {"type": "list", "elements": "str", "default": ["--resume"]},
             "health_seconds": {"type": "float", "default": 5},
             "step_regex": {"type": "str", "default": progress.STEP_REGEX, "aliases": ["health_regex"],
@@ -426,6 +471,7 @@ def main():
             "throughput_timeout": {"type": "float", "default": 300},
             "progress_file": {"type": "path"},
             "health_timeout": {"type": "float", "default": 300},
+            "release_base": {"type": "path"},
             "activate": {"type": "dict", "options": {
                 "base": {"type": "path", "required": True},
                 "release": {"type": "str", "required": True},
@@ -454,6 +500,17 @@ def main():
     done = {"written": written}
     if params["refuse_busy"]:
         done["gpu_wait"] = wait_for_gpus(module, params, done)
+    try:
+        prepared = launch.prepare_resume(params, module.check_mode)
+    except checkpoint_formats.InvalidLayout as err:
+        module.fail_json(msg=f"{err}; nothing was started", **done)
+    except checkpoints.ResumeRefused as err:
+        module.fail_json(msg=str(err), **done, **err.details)
+    except OSError as err:
+        module.fail_json(msg=f"checkpoint_dir: moving an incomplete checkpoint aside failed: {err}; "
+                             "nothing was started", **done)
+    if prepared is not None:
+        done.update(resume=prepared["resume"], moved_aside=prepared["moved"])
     wanted = params["activate"]
     if wanted:
         try:
@@ -463,8 +520,12 @@ def main():
             module.fail_json(msg=f"activate: {err}", **done)
     if module.check_mode:
         module.exit_json(changed=True, msg=f"would start {' '.join(params['command'])}", **done)
+    # the release the run is, for the line at the head of its log (the throughput chart's)
+    base = (wanted or {}).get("base") or params["release_base"]
+    params["release"] = (wanted or {}).get("release") or (
+        releases.link_target(os.path.join(base, "current")) if base else None)
     try:
-        result = launch.start(params)
+        result = launch.start(params, prepared)
     except launch.LaunchError as err:
         if wanted:  # never a rollback target again (trainer_release rollback refuses it)
             releases.record_launch(wanted["base"], wanted["release"], str(err).splitlines()[0])

@@ -22,15 +22,20 @@ def _figure(window):
     return (window or {}).get("tokens_per_s")
 
 
-def compare(before, after, threshold=-5.0, policy="report", top=3):
+def compare(before, after, threshold=-5.0, policy="report", top=3, check_mode=False):
     """The canary's verdict (module docstring): before and after figures, the change in per
     cent, the stages whose average changed most, the verdict (ok, regression, unknown) and
-    what the policy does about it (action: null unless a regression meets fail or rollback)."""
+    what the policy does about it (action: null unless a regression meets fail or rollback).
+    In check mode nothing was launched: only the old run's figure, never a new one."""
     if policy not in POLICIES:
         raise ValueError(f"the canary policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    old, new = _figure(before), _figure(after)
+    old, new = _figure(before), None if check_mode else _figure(after)
     result = {"before": old, "after": new, "change_pct": None, "threshold_pct": float(threshold),
-              "policy": policy, "verdict": "unknown", "action": None, "stages": [], "why": None}
+              "policy": policy, "verdict": "unknown", "action": None, "stages": [], "why": None,
+              "check_mode": bool(check_mode)}
+    if check_mode:
+        result["why"] = "compared after a real launch"
+        return result
     if old is None:
         result["why"] = "the log of the old run had no progress line"
     elif new is None:
@@ -54,6 +59,9 @@ def words(canary):
     """One line: the figures, the change against the threshold, the stages that moved."""
     if not canary:
         return "throughput not compared"
+    if canary.get("check_mode"):
+        now = "unknown" if canary["before"] is None else f"{canary['before']:.1f}"
+        return f"tok/s {now} now, of the running trainer; {canary['why']}"
     before = "unknown" if canary["before"] is None else f"{canary['before']:.1f}"
     after = "unknown" if canary["after"] is None else f"{canary['after']:.1f}"
     text = f"tok/s {before} -> {after}"
@@ -68,17 +76,56 @@ def words(canary):
 
 
 def chart(points, width=60):
-    """A sparkline of tok/s over the steps of a log, with its range, readable in a terminal and
-    in AWX output: points are (step, tok/s), oldest first."""
+    """A sparkline of tok/s over a run's progress lines, readable in a terminal and in AWX
+    output. points are [step, tok/s] or [step, tok/s, time, release, run], oldest first: one
+    column per point up to width, evenly merged buckets beyond; the time the lines span; and,
+    where a redeploy falls inside them (a new launch), a mark under the first column of each run
+    and each run's release and stretch."""
+    points = [list(p) + [None] * (5 - len(p)) for p in points or []]
     if not points:
-        return ["no progress line in the log"]
-    buckets = [points[i * len(points) // width:(i + 1) * len(points) // width] for i in range(min(width, len(points)))]
-    means = [sum(p[1] for p in bucket) / len(bucket) for bucket in buckets if bucket]
+        return ["no progress line in the log yet"]
+    if len(points) == 1:
+        step, figure, _when, release, _run = points[0]
+        return [f"1 progress line so far: {figure:.1f} tok/s (step {step}"
+                + (f", release {release}" if release else "") + ")"]
+    columns = min(width, len(points))
+    buckets = [points[i * len(points) // columns:(i + 1) * len(points) // columns] for i in range(columns)]
+    means = [sum(p[1] for p in bucket) / len(bucket) for bucket in buckets]
     low, high = min(means), max(means)
     span = (high - low) or 1.0
     line = "".join(SPARK[min(len(SPARK) - 1, int((m - low) / span * len(SPARK)))] for m in means)
     figures = sorted(p[1] for p in points)
-    return [f"tok/s, steps {points[0][0]}-{points[-1][0]} ({len(points)} progress lines)",
-            line,
-            f"min {figures[0]:.1f}  median {figures[len(figures) // 2]:.1f}  max {figures[-1]:.1f}  "
-            f"last {points[-1][1]:.1f}"]
+    lines = [f"tok/s, steps {points[0][0]}-{points[-1][0]} ({len(points)} progress lines"
+             + _over(points[0][2], points[-1][2]) + ")", line]
+    stretches = _stretches(points)
+    if len(stretches) > 1:
+        marks = [" "] * columns
+        for first, _last in stretches[1:]:
+            column = next(i for i, bucket in enumerate(buckets) if any(p is points[first] for p in bucket))
+            marks[column] = "^"
+        lines.append("".join(marks).rstrip() + "  ^ a redeploy")
+    for first, last in stretches if any(p[3] for p in points) else ():
+        lines.append(f"release {points[first][3] or 'unknown (not launched by this project)'}: steps {points[first][0]}-{points[last][0]}"
+                     + _over(points[first][2], points[last][2]) + ", median "
+                     + f"{sorted(p[1] for p in points[first:last + 1])[(last - first) // 2]:.1f} tok/s")
+    lines.append(f"min {figures[0]:.1f}  median {figures[len(figures) // 2]:.1f}  max {figures[-1]:.1f}  "
+                 f"last {points[-1][1]:.1f}")
+    return lines
+
+
+def _stretches(points):
+    """[(first index, last index)] of the runs of points of one launch (release and run)."""
+    found, start = [], 0
+    for index in range(1, len(points) + 1):
+        if index == len(points) or points[index][3:5] != points[start][3:5]:
+            found.append((start, index - 1))
+            start = index
+    return found
+
+
+def _over(first, last):
+    if first is None or last is None:
+        return ""
+    seconds = int(round(last - first))
+    return f", over {seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f", over {seconds // 60}m{seconds % 60:02d}s"

@@ -76,7 +76,13 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "stopped_by": (stop or {}).get("stopped_by") if _ok(stop) else None,
         "stop_seconds": ((stop or {}).get("timeline") or [{}])[-1].get("elapsed") if stopped else None,
         "checkpoint": checkpoint.get("new") if checkpoint.get("written") else None,
+        "checkpoint_format": checkpoint.get("format"),
+        "newest_checkpoint": checkpoint.get("newest"),
         "steps_lost": ((stop or {}).get("loss") or {}).get("steps_lost") if stopped else None,
+        "ahead_of_log": ((stop or {}).get("loss") or {}).get("ahead_of_log") if stopped else None,
+        # what the new run resumed from, and the incomplete checkpoints moved aside before it
+        "resumed_from": ((launch or {}).get("resume") or {}).get("path") if running else None,
+        "moved_aside": (launch or {}).get("moved_aside") or [] if _ok(launch) else [],
         "other_gpu_holders": len((stop or {}).get("other_gpu_holders") or []),
         "pid": launch.get("pid") if running else None,
         "run_id": launch.get("run_id") if running else None,
@@ -116,8 +122,14 @@ def _stop_words(stop, data):
     if data["stopped_by"]:
         words = f"stopped by {data['stopped_by']['signal']} in {data['stop_seconds']}s, "
         words += f"checkpoint {data['checkpoint']}" if data["checkpoint"] else "NO new checkpoint"
+        if data["checkpoint_format"]:
+            words += f" ({data['checkpoint_format']})"
+        if not data["checkpoint"] and data["newest_checkpoint"]:
+            words += f", newest complete {data['newest_checkpoint']}"
         if data["steps_lost"]:
             words += f" ({data['steps_lost']} steps lost)"
+        elif data["ahead_of_log"]:
+            words += f" (the checkpoint is {data['ahead_of_log']} steps ahead of the log: steps lost not known)"
         return words
     return _msg(stop)
 
@@ -133,8 +145,10 @@ def _launch_words(launch, failed_launch, data):
         return "launch failed"
     if data["pid"]:
         waited = f"waited {data['gpu_wait_seconds']}s for the GPUs, " if data["gpu_wait_seconds"] else ""
-        return (f"PID {data['pid']}, {waited}first progress after {data['startup_seconds']}s, healthy after "
-                f"{data['healthy_seconds']}s, {data['tokens_per_s']} tok/s")
+        moved = "".join(f"moved the incomplete {m['name']} aside to {m['to']}, " for m in data["moved_aside"])
+        resumed = f"resumed from {data['resumed_from']}, " if data["resumed_from"] else ""
+        return (f"{moved}PID {data['pid']}, {resumed}{waited}first progress after {data['startup_seconds']}s, "
+                f"healthy after {data['healthy_seconds']}s, {data['tokens_per_s']} tok/s")
     return _msg(launch)
 
 

@@ -32,8 +32,6 @@ RENAMED = {
     "trainer_stop_pattern": "trainer_run_pattern",
     "trainer_launch_pattern": "trainer_run_pattern",
     "trainer_stop_checkpoint_dir": "trainer_run_checkpoint_dir",
-    "trainer_stop_checkpoint_pattern": "trainer_run_checkpoint_pattern",
-    "trainer_preflight_checkpoint_pattern": "trainer_run_checkpoint_pattern",
     "trainer_stop_log_file": "trainer_run_log_file",
     "trainer_launch_log_file": "trainer_run_log_file",
     "trainer_launch_run_dir": "trainer_run_dir",
@@ -43,6 +41,16 @@ RENAMED = {
     "trainer_launch_script": "trainer_run_script",
     "trainer_launch_python": "trainer_run_python",
     "trainer_code_base": "trainer_run_release_base",
+}
+
+# names that are gone, with what replaced them
+_LAYOUT = ("trainer_run_checkpoint_format: a checkpoint is what its layout says (auto recognises "
+           "it); a glob of your own is trainer_run_checkpoint_format=custom with "
+           "trainer_run_checkpoint_custom.pattern")
+REPLACED = {
+    "trainer_run_checkpoint_pattern": _LAYOUT,
+    "trainer_stop_checkpoint_pattern": _LAYOUT,
+    "trainer_preflight_checkpoint_pattern": _LAYOUT,
 }
 
 
@@ -95,6 +103,9 @@ class Project:
         errors = []
         for name in sorted(names):
             if name in self.known or name in DEPRECATED:
+                continue
+            if name in REPLACED:
+                errors.append(f"{name}: replaced by {REPLACED[name]}")
                 continue
             if name in RENAMED:
                 errors.append(f"{name}: renamed to {RENAMED[name]} (the run's paths are set once, "

@@ -1,25 +1,33 @@
-"""module_utils/checkpoints.py: a checkpoint counts as written only when nothing says it may
-be cut short."""
+"""module_utils/checkpoints.py: a checkpoint directory read by its layout - what is complete, what
+a stop wrote or lost, what the resume loads. (Every framework's layout, with its real file
+formats and a save killed at every point: tests/unit/test_checkpoint_layouts.py of the project.)"""
 
+import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints
 
 
 def directory(path, **params):
-    return checkpoints.Directory(StopOptions(dict({"pattern": "x", "checkpoint_dir": str(path),
-                                                   "checkpoint_pattern": "step_*"}, **params)))
+    return checkpoints.Directory(str(path), **params)
 
 
-def save(path, name, text="{}", age=0.0):
+def save(path, name, text='{"w": [1, 2]}', age=0.0):
     (path / name).mkdir(parents=True, exist_ok=True)
     (path / name / "model.json").write_text(text)
     if age:
-        stamp = time.time() - age
-        os.utime(path / name / "model.json", (stamp, stamp))
-        os.utime(path / name, (stamp, stamp))
+        aged(path / name, age)
+
+
+def aged(path, age):
+    stamp = time.time() - age
+    for root, _dirs, files in os.walk(path):
+        for item in files:
+            os.utime(os.path.join(root, item), (stamp, stamp))
+    os.utime(path, (stamp, stamp))
 
 
 def test_new_complete_and_temp(tmp_path):
@@ -29,65 +37,87 @@ def test_new_complete_and_temp(tmp_path):
     (tmp_path / ".tmp-step_20-5").mkdir()
     (tmp_path / ".tmp-step_20-5" / "model.json").write_text("{}")
     report = ck.report(before)
+    assert report["format"] == "step_dirs" and report["format_reason"] == "auto: 1 entry like step_10"
     assert report["written"] is False and report["new"] is None
     assert [t["name"] for t in report["temp_files_left"]] == [".tmp-step_20-5"]
     assert report["temp_files_left"][0]["bytes"] == 2
     os.rename(tmp_path / ".tmp-step_20-5", tmp_path / "step_20")
     report = ck.report(before)
-    assert report["written"] is True and report["new"].endswith("step_20")
-    assert report["temp_files_left"] == []
+    assert report["written"] is True and report["new"].endswith("step_20") and report["new_step"] == 20
+    assert report["temp_files_left"] == [] and report["resume"]["name"] == "step_20"
     (tmp_path / "step_30").mkdir()  # empty: not complete
-    assert ck.report(before)["newest"].endswith("step_20")
+    report = ck.report(before)
+    assert report["newest"].endswith("step_20")
+    assert [(a["name"], a["complete"], a["problems"]) for a in report["appeared"]] == [
+        ("step_20", True, []), ("step_30", False, ["holds no file"])]
 
 
 def test_the_pointer_temp_file_is_a_temporary_name():
     assert checkpoints.is_temp(".latest.tmp-4242", checkpoints.DEFAULT_TEMP_PATTERNS)
+    assert not checkpoints.is_temp(checkpoint_formats.MOVED_ASIDE, checkpoints.DEFAULT_TEMP_PATTERNS)
+
+
+def test_a_checkpoint_cut_in_place_is_incomplete_by_its_files(tmp_path):
+    save(tmp_path, "step_10", age=60)
+    ck = directory(tmp_path)
+    before = ck.entries()
+    save(tmp_path, "step_20", text='{"half": ')  # an in-place save cut by SIGKILL
+    report = ck.report(before)
+    assert report["new"] is None and report["written"] is False
+    assert report["appeared"][0]["problems"][0].startswith("model.json: does not parse as JSON")
+    assert report["newest"].endswith("step_10")
 
 
 def test_a_checkpoint_written_when_the_trainer_was_killed_is_not_written(tmp_path):
     save(tmp_path, "step_10", age=60)
     ck = directory(tmp_path)
     before = ck.entries()
-    save(tmp_path, "step_20", text='{"half": ')  # an in-place save cut by SIGKILL
+    save(tmp_path, "step_20")
     report = ck.report(before, ended_mid_write=True)
     assert report["new"].endswith("step_20") and report["written"] is False
     assert "still being written" in report["doubts"][0]
 
 
-def test_an_unfinished_later_save_and_a_stale_pointer_are_doubts(tmp_path):
+def test_an_unfinished_later_save_is_a_doubt(tmp_path):
     save(tmp_path, "step_10", age=60)
     ck = directory(tmp_path)
     before = ck.entries()
     save(tmp_path, "step_20", age=5)
-    (tmp_path / "latest").write_text("step_10\n")
-    report = ck.report(before)
-    assert report["written"] is False
-    assert report["doubts"] == ["latest names step_10, not step_20: a resume would not load it"]
     (tmp_path / "latest").write_text("step_20\n")
     assert ck.report(before)["written"] is True
     (tmp_path / ".tmp-step_30-9").mkdir()  # a save after it never finished
     (tmp_path / ".tmp-step_30-9" / "optimizer.bin").write_bytes(b"\0" * 10)
     report = ck.report(before)
-    assert report["written"] is False and "later save was left unfinished" in report["doubts"][0]
+    assert report["written"] is False and "later save was left unfinished (.tmp-step_30-9)" in report["doubts"][0]
 
 
-def test_settled_needs_the_pointer_or_a_quiet_window(tmp_path):
+def test_settled_needs_a_complete_checkpoint_and_its_pointer_or_a_quiet_window(tmp_path):
     save(tmp_path, "step_10", age=60)
-    ck = directory(tmp_path, checkpoint_stable_window=30)
+    (tmp_path / "latest").write_text("step_10\n")
+    ck = directory(tmp_path, stable_window=0.5)
     before = ck.entries()
-    save(tmp_path, "step_20")  # in place, just written: maybe still growing
+    save(tmp_path, "step_20", text='{"w": ')  # being written: quiet or not, not complete
+    aged(tmp_path / "step_20", 30)
     assert ck.settled(before) is None
-    (tmp_path / "latest").write_text("step_20\n")  # the trainer says it is done
+    save(tmp_path, "step_20")
+    aged(tmp_path / "step_20", 30)
+    assert ck.settled(before) is None  # latest still names step_10: the save is not over
+    (tmp_path / "latest").write_text("step_20\n")  # the pointer is the layout's last write
     assert ck.settled(before) == "step_20"
-    quiet = directory(tmp_path, checkpoint_stable_window=0.2)
-    save(tmp_path, "step_30")
-    (tmp_path / "latest").unlink()
-    assert quiet.settled(before) is None
-    time.sleep(0.3)
-    assert quiet.settled(before) == "step_30"
 
 
-def test_loss_and_interval(tmp_path):
+def test_without_a_pointer_a_complete_checkpoint_settles_after_the_quiet_window(tmp_path):
+    """HF rotates old checkpoints away after trainer_state.json: the save is over once quiet."""
+    ck = directory(tmp_path, stable_window=0.5)
+    before = ck.entries()
+    (tmp_path / "checkpoint-30").mkdir()
+    (tmp_path / "checkpoint-30" / "trainer_state.json").write_text('{"global_step": 30}')
+    assert ck.settled(before) is None
+    time.sleep(0.6)
+    assert ck.settled(before) == "checkpoint-30"
+
+
+def test_loss_interval_and_a_checkpoint_ahead_of_the_log(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("step 100 loss 1\nstep 250 loss 0.9\n")
     ck_dir = tmp_path / "ck"
@@ -98,6 +128,26 @@ def test_loss_and_interval(tmp_path):
     assert (loss["checkpoint_step"], loss["last_logged_step"], loss["steps_lost"]) == (200, 250, 50)
     assert 19 < loss["checkpoint_interval_s"] < 21 and loss["free_bytes"] > 0
     assert "50 steps not in a checkpoint" in checkpoints.describe_loss(loss)
+    save(ck_dir, "step_300", age=1)  # the log trails the checkpoint
+    loss = ck.loss()
+    assert loss["steps_lost"] is None and loss["ahead_of_log"] == 50
+    assert "50 steps ahead of the log's last step 250" in checkpoints.describe_loss(loss)
+
+
+def test_the_interval_is_the_running_trainers_own_when_it_saved(tmp_path):
+    save(tmp_path, "step_100", age=600)  # an earlier run's
+    save(tmp_path, "step_200", age=500)
+    ck = directory(tmp_path)
+    assert 99 < ck.periodic_interval() < 101
+    ck.since = time.time() - 40  # this run started 40 s ago and saved 10 s ago
+    save(tmp_path, "step_300", age=10)
+    assert 29 < ck.periodic_interval() < 31
+
+
+def test_the_newest_checkpoint_is_the_highest_step_not_the_newest_mtime(tmp_path):
+    save(tmp_path, "step_900", age=5)
+    save(tmp_path, "step_1000", age=60)
+    assert directory(tmp_path).complete()[-1][0] == "step_1000"
 
 
 def test_without_any_checkpoint_every_logged_step_is_lost(tmp_path):
@@ -109,11 +159,97 @@ def test_without_any_checkpoint_every_logged_step_is_lost(tmp_path):
     assert checkpoints.describe_loss(loss) == "there is no complete checkpoint: a stop loses the whole run (250 steps)"
 
 
+def test_an_incomplete_pick_of_the_resume_is_moved_aside_never_deleted(tmp_path):
+    for step in (100, 200):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-300").mkdir()
+    (tmp_path / "checkpoint-300" / "config.json").write_text("{}")  # cut before trainer_state.json
+    (tmp_path / "checkpoint-400").mkdir()
+    ck = directory(tmp_path)
+    planned = ck.prepare_resume(check_mode=True)
+    assert [m["name"] for m in planned["moved"]] == ["checkpoint-400", "checkpoint-300"]
+    assert planned["resume"]["name"] == "checkpoint-200" and os.path.isdir(tmp_path / "checkpoint-400")
+    with pytest.raises(checkpoints.ResumeRefused, match="would load .*checkpoint-400, which is incomplete"):
+        ck.prepare_resume("fail")
+    done = ck.prepare_resume()
+    assert done["resume"]["name"] == "checkpoint-200" and done["resume"]["complete"]
+    moved = sorted(os.listdir(tmp_path / ".incomplete"))
+    assert [m.rsplit("-", 1)[0] for m in moved] == ["checkpoint-300", "checkpoint-400"]
+    assert (tmp_path / ".incomplete" / moved[0] / "config.json").exists()
+    assert "no trainer_state.json" in done["moved"][1]["problems"][0]
+    assert ck.report({})["temp_files_left"] == []  # .incomplete/ is not a temporary file
+
+
+def test_a_pick_a_pointer_names_is_refused_not_moved(tmp_path):
+    (tmp_path / "global_step10").mkdir()
+    (tmp_path / "global_step10" / "mp_rank_00_model_states.pt").write_bytes(b"PK\x03\x04 cut")
+    (tmp_path / "latest").write_text("global_step10")
+    with pytest.raises(checkpoints.ResumeRefused, match="a pointer names it"):
+        directory(tmp_path).prepare_resume()
+    assert os.path.isdir(tmp_path / "global_step10")
+
+
+@pytest.mark.parametrize("setting,custom,holds,message", [
+    ("step_dirs", None, ["checkpoint-32"], "checkpoint_format=step_dirs matches nothing in {d}, which holds "
+     "checkpoint-32; checkpoint_format=hf_trainer matches it (1 entry like checkpoint-32)"),
+    ("custom", {"pattern": "ckpt_*"}, ["notes.txt"], "checkpoint_format=custom (pattern ckpt_*) matches nothing "
+     "in {d}, which holds notes.txt; no known layout matches it either"),
+])
+def test_a_layout_that_matches_nothing_there_fails_naming_what_is_there(tmp_path, setting, custom, holds, message):
+    for name in holds:
+        (tmp_path / name).mkdir()
+    ck = directory(tmp_path, checkpoint_format=setting, custom=custom)
+    with pytest.raises(checkpoint_formats.InvalidLayout) as caught:
+        ck.check()
+    assert str(caught.value).startswith(message.format(d=tmp_path))
+
+
+def test_a_named_layout_in_an_empty_or_foreign_directory_is_fine(tmp_path):
+    directory(tmp_path, checkpoint_format="hf_trainer").check()
+    (tmp_path / "runs").mkdir()  # HF's tensorboard logs before the first checkpoint
+    directory(tmp_path, checkpoint_format="hf_trainer").check()
+
+
+def test_auto_waits_for_the_first_checkpoint_to_know_the_layout(tmp_path):
+    ck = directory(tmp_path)
+    assert ck.saving("auto")[0] is None and "not known yet" in ck.saving("auto")[2]
+    assert ck.resolve() == (None, f"{tmp_path} holds no checkpoint yet")
+    (tmp_path / "epoch=0-step=5.ckpt").write_bytes(b"")
+    assert ck.resolve()[0].name == "lightning" and ck.saving("auto")[0] == frozenset()
+    assert ck.saving("SIGINT")[0] == {checkpoint_formats.signal.SIGINT}
+
+
+def test_save_in_progress_is_a_recent_temporary_or_incomplete_entry(tmp_path):
+    save(tmp_path, "step_10", age=60)
+    ck = directory(tmp_path, activity_window=5)
+    assert ck.save_in_progress() is None
+    (tmp_path / ".tmp-step_20-3").mkdir()
+    assert ck.save_in_progress() == ".tmp-step_20-3"
+    aged(tmp_path / ".tmp-step_20-3", 30)  # left by a save long ago: not in progress
+    assert ck.save_in_progress() is None
+    save(tmp_path, "step_30", text="{")
+    assert ck.save_in_progress() == "step_30"
+
+
 def test_activity_is_sampled_at_most_twice_a_second(tmp_path):
-    activity = checkpoints.Activity(str(tmp_path), window=5)
+    ck = directory(tmp_path)
+    activity = checkpoints.Activity(ck.fingerprint, window=5)
     (tmp_path / "f").write_text("x")
     now = time.monotonic()
     activity.sample(now)  # within the sample period of the first read: not read again
     assert not activity.recent(now)
     activity.sample(now, force=True)
     assert activity.recent(now) and not activity.recent(now + 6)
+
+
+def test_the_fingerprint_leaves_out_what_is_not_the_layouts(tmp_path):
+    save(tmp_path, "checkpoint-5")
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
+    ck = directory(tmp_path)
+    before = ck.fingerprint()
+    (tmp_path / "runs").mkdir()  # tensorboard events beside the checkpoints
+    (tmp_path / "runs" / "events.out").write_bytes(b"x" * 100)
+    assert ck.fingerprint() == before
+    (tmp_path / "checkpoint-5" / "optimizer.pt").write_bytes(b"x")
+    assert ck.fingerprint() != before

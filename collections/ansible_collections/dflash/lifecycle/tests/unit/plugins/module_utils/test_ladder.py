@@ -13,26 +13,62 @@ def main_with(fake, ign=0, cgt=0):
     return proctable.read_process(8, fake.path)
 
 
-def test_sigint_caught_is_the_graceful_stage(fake):
-    _d, stage, reason = ladder.assess(main_with(fake, cgt=BIT[signal.SIGINT]), validate_ladder(DEFAULT_LADDER))
-    assert stage == 0 and reason == "SIGINT is caught by PID 8: its handler can checkpoint"
+SIGINT_SAVES = ({signal.SIGINT}, "saves_on=SIGINT")
+SAVES_NOTHING = (set(), "saves_on=auto: a HF transformers Trainer trainer saves nothing on a signal")
 
 
-def test_sigint_ignored_and_sigterm_caught_makes_sigterm_graceful(fake):
+def assess(main, saving):
+    return ladder.assess(main, validate_ladder(DEFAULT_LADDER), *saving)
+
+
+def test_a_caught_signal_the_trainer_saves_on_is_the_graceful_stage(fake):
+    _d, stage, reason = assess(main_with(fake, cgt=BIT[signal.SIGINT]), SIGINT_SAVES)
+    assert stage == 0 and reason == "SIGINT is caught by PID 8 and the trainer saves on it (saves_on=SIGINT)"
+
+
+def test_a_caught_sigint_alone_is_no_graceful_stage(fake):
+    """Python's own KeyboardInterrupt handler shows as caught (SigCgt): HF Trainer's SIGINT ends
+    it wherever it is, a save included."""
+    _d, stage, reason = assess(main_with(fake, cgt=BIT[signal.SIGINT]), SAVES_NOTHING)
+    assert stage is None
+    assert reason.startswith("SIGINT is caught by PID 8, but no checkpoint follows it (saves_on=auto: a HF "
+                             "transformers Trainer trainer saves nothing on a signal) (Python's own")
+    assert "can checkpoint" not in reason
+
+
+def test_sigint_ignored_and_sigterm_saving_makes_sigterm_graceful(fake):
     main = main_with(fake, ign=BIT[signal.SIGINT], cgt=BIT[signal.SIGTERM])
-    dispositions, stage, reason = ladder.assess(main, validate_ladder(DEFAULT_LADDER))
+    dispositions, stage, reason = assess(main, ({signal.SIGTERM}, "saves_on=SIGTERM"))
     assert dispositions == {"SIGINT": "ignored", "SIGTERM": "caught", "SIGKILL": "default"}
     assert stage == 1
     assert reason.startswith("SIGINT is ignored by PID 8, as after a background launch")
-    assert reason.endswith("SIGTERM is caught by PID 8: its handler can checkpoint")
+    assert reason.endswith("SIGTERM is caught by PID 8 and the trainer saves on it (saves_on=SIGTERM)")
 
 
-def test_no_handler_means_no_graceful_stage(fake):
-    _d, stage, reason = ladder.assess(main_with(fake, ign=BIT[signal.SIGINT]), validate_ladder(DEFAULT_LADDER))
-    assert stage is None and "SIGTERM is not caught by PID 8" in reason
-    # SIGINT at its default ends the trainer before a caught SIGTERM could run its handler
-    _d, stage, reason = ladder.assess(main_with_default(fake), validate_ladder(DEFAULT_LADDER))
-    assert stage is None and reason == "SIGINT is not caught by PID 9: it ends it without a checkpoint"
+def test_a_trainer_saving_on_sigint_that_ignores_it_has_no_graceful_stage(fake):
+    """The field's stop: `nohup bash run.sh &` left SIGINT ignored, so the handler never runs."""
+    _d, stage, reason = assess(main_with(fake, ign=BIT[signal.SIGINT], cgt=BIT[signal.SIGTERM]), SIGINT_SAVES)
+    assert stage is None and reason.startswith("SIGINT is ignored by PID 8")
+    assert "SIGTERM is caught by PID 8, but no checkpoint follows it" in reason
+
+
+def test_a_signal_it_saves_on_but_does_not_catch_is_no_graceful_stage(fake):
+    _d, stage, reason = assess(main_with_default(fake), SIGINT_SAVES)
+    assert stage is None
+    assert reason.startswith("the trainer saves on SIGINT (saves_on=SIGINT), but PID 9 does not catch it")
+
+
+def test_a_later_stage_that_saves_is_graceful_past_a_signal_that_would_end_it(fake):
+    # SIGINT at its default would end the trainer: SIGTERM, which it saves on, is the graceful
+    # stage, and the climb skips SIGINT (test_stop_run)
+    _d, stage, _reason = assess(main_with_default(fake), ({signal.SIGTERM}, "saves_on=SIGTERM"))
+    assert stage == 1
+
+
+def test_not_knowing_what_the_trainer_does_is_no_graceful_stage(fake):
+    _d, stage, reason = assess(main_with(fake, cgt=BIT[signal.SIGINT]),
+                               (None, "saves_on=auto, and the checkpoint layout is not known yet"))
+    assert stage is None and reason.startswith("what the trainer does on a signal is not known")
 
 
 def main_with_default(fake):

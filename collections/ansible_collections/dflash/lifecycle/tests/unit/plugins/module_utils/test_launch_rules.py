@@ -97,10 +97,17 @@ def test_a_command_that_cannot_start_fails_with_its_cause_and_nothing_written(tm
 
 def test_resume_auto_adds_the_resume_arguments_only_with_a_complete_checkpoint(tmp_path):
     base = {"command": ["/bin/sh", "t.sh"], "resume_auto": True, "checkpoint_dir": str(tmp_path / "ck"),
-            "checkpoint_pattern": "step_*", "resume_args": ["--resume"]}
-    assert launch.command(base) == (["/bin/sh", "t.sh"], False)
+            "checkpoint_format": "auto", "checkpoint_custom": None, "incomplete_checkpoint": "move_aside",
+            "resume_args": ["--resume"]}
+
+    def command(params):
+        return launch.command(params, launch.prepare_resume(params))
+
+    assert command(base) == (["/bin/sh", "t.sh"], False)
     (tmp_path / "ck" / "step_5").mkdir(parents=True)
     (tmp_path / "ck" / "step_5" / "model.bin").write_bytes(b"x")
-    assert launch.command(base) == (["/bin/sh", "t.sh", "--resume"], True)
-    assert launch.command(dict(base, resume_auto=False)) == (["/bin/sh", "t.sh"], False)
-    assert launch.command(dict(base, checkpoint_dir=None)) == (["/bin/sh", "t.sh"], False)
+    assert command(base) == (["/bin/sh", "t.sh", "--resume"], True)
+    assert command(dict(base, resume_auto=False)) == (["/bin/sh", "t.sh"], False)
+    assert command(dict(base, checkpoint_dir=None)) == (["/bin/sh", "t.sh"], False)
+    (tmp_path / "ck" / "step_5" / "model.bin").unlink()  # incomplete: its resume would not load it
+    assert command(base) == (["/bin/sh", "t.sh"], False)

@@ -69,3 +69,18 @@ def test_profile_stats_and_the_window_after_the_warm_up():
 def test_a_stage_regex_needs_stage_and_avg():
     with pytest.raises(ValueError):
         progress.LogReader(profile_stage_regex=r"(\w+) (\d+)ms")
+
+
+def test_the_history_carries_each_lines_time_and_the_launch_it_belongs_to(tmp_path):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import trainer_state
+    log = tmp_path / "train.log"
+    (tmp_path / "train.log.1").write_text(
+        progress.launch_line("3f2a9c0d", "aaa111", now=1000)
+        + "2026-11-30 10:00:01 step 100 loss 2.0 tok/s 5000.0\n")
+    log.write_text(progress.launch_line("0388a82f", "bbb222", now=2000)
+                   + "2026-11-30 10:05:01 step 100 loss 2.0 tok/s 4000.0\nstep 150 tok/s 4100\n")
+    report = trainer_state.throughput(str(log), progress.STEP_REGEX, progress.THROUGHPUT_PATTERNS, 5, history=10)
+    assert [(p[0], p[1], p[3], p[4]) for p in report["history"]] == [
+        (100, 5000.0, "3f2a9c0d", "aaa111"), (100, 4000.0, "0388a82f", "bbb222"), (150, 4100.0, "0388a82f", "bbb222")]
+    assert report["history"][1][2] - report["history"][0][2] == 300 and report["history"][2][2] is None
+    assert report["lines"] == 2  # the figures of now are this run's own

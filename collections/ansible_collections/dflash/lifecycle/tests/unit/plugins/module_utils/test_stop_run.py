@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -25,7 +26,7 @@ def test_check_mode_reports_targets_others_and_ladder(fake):
     fake.add(6, "python3", 1, cmdline="python3 train.py", sig_cgt=1 << 1)
     fake.add(7, "python3", 6, cmdline="python3 train.py")
     fake.add(8, "nvidia-smi", 0, cmdline="nvidia-smi", fds=["/dev/nvidia0"])
-    result = staged_stop.run({"pattern": "train[.]py"}, proc_root=fake.path, check_mode=True)
+    result = staged_stop.run({"pattern": "train[.]py", "saves_on": "SIGINT"}, proc_root=fake.path, check_mode=True)
     assert [(t["pid"], t["role"]) for t in result["targets"]] == [(6, "main"), (7, "descendant")]
     assert result["signal_dispositions"]["SIGINT"] == "caught" and result["graceful_stage"] == 0
     assert [o["pid"] for o in result["other_gpu_holders"]] == [8]
@@ -90,7 +91,7 @@ def start_trainer(tmp_path, **env):
 
 def stop_params(tmp_path, child, **params):
     return dict({"pid": child.pid, "pattern": "dflash_unit_trainer[.]py", "ladder": FAST,
-                 "checkpoint_dir": str(tmp_path / "ck"), "checkpoint_pattern": "step_*",
+                 "checkpoint_dir": str(tmp_path / "ck"), "saves_on": "SIGINT",
                  "log_file": str(tmp_path / "train.log"), "device_glob": ""}, **params)
 
 
@@ -125,3 +126,81 @@ def test_a_graceful_stop_that_wrote_nothing_fails_with_the_loss(tmp_path):
     finally:
         child.kill()
     assert result["checkpoint"]["written"] is False and result["stopped"] is True
+
+
+PERIODIC = textwrap.dedent("""
+    import json, os, signal, sys, time
+    out = sys.argv[1]
+    mode = os.environ.get("MODE", "")
+    if mode == "sigterm_saves":
+        def save_and_exit(signum, frame):
+            os.makedirs(os.path.join(out, "checkpoint-9"))
+            json.dump({"global_step": 9}, open(os.path.join(out, "checkpoint-9", "trainer_state.json"), "w"))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, save_and_exit)
+    print("ready", flush=True)
+    if mode == "saving":  # an in-place save (HF's order), slow, when the stop comes
+        os.makedirs(os.path.join(out, "checkpoint-8"))
+        for index in range(12):
+            open(os.path.join(out, "checkpoint-8", f"part{index}.txt"), "w").write("x")
+            time.sleep(0.1)
+        json.dump({"global_step": 8}, open(os.path.join(out, "checkpoint-8", "trainer_state.json"), "w"))
+    while True:
+        time.sleep(0.05)
+""")
+
+
+def start_periodic(tmp_path, **env):
+    script = tmp_path / "dflash_unit_trainer.py"
+    script.write_text(PERIODIC)
+    out = tmp_path / "ck"
+    out.mkdir(exist_ok=True)
+    (out / "checkpoint-5").mkdir(exist_ok=True)
+    (out / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
+    child = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE,
+                             env=dict(os.environ, **env), text=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+def test_a_caught_sigint_of_a_trainer_that_saves_nothing_is_no_graceful_stop(tmp_path):
+    """Python's default SIGINT handler shows as caught; an HF Trainer saves nothing on it."""
+    child = start_periodic(tmp_path)
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child, saves_on="auto"), check_mode=True)
+    finally:
+        child.kill()
+    assert result["checkpoint"]["format"] == "hf_trainer"
+    assert result["signal_dispositions"]["SIGINT"] == "caught" and result["graceful_possible"] is False
+    assert "can checkpoint" not in result["graceful_reason"]
+    assert "no graceful checkpoint" in result["msg"] and "saves nothing on a signal" in result["msg"]
+
+
+def test_the_stages_before_the_one_the_trainer_saves_on_are_skipped(tmp_path):
+    child = start_periodic(tmp_path, MODE="sigterm_saves")
+    ladder = [{"signal": "SIGINT", "scope": "main", "wait": 5}, {"signal": "SIGTERM", "scope": "tree", "wait": 10},
+              {"signal": "SIGKILL", "scope": "tree", "wait": 5}]
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child, saves_on="SIGTERM", ladder=ladder))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    assert result["graceful_stage"] == 1
+    assert result["timeline"][0]["event"] == "skipped" and "would end PID" in result["timeline"][0]["reason"]
+    assert result["stopped_by"]["signal"] == "SIGTERM"
+    assert result["checkpoint"]["written"] and result["checkpoint"]["new_step"] == 9
+
+
+def test_the_first_signal_waits_for_a_save_in_progress(tmp_path):
+    """no_graceful=proceed still never cuts a save short: SIGINT goes once checkpoint-8 is done."""
+    child = start_periodic(tmp_path, MODE="saving")
+    try:
+        time.sleep(0.25)  # the save is under way
+        result = staged_stop.run(stop_params(tmp_path, child, saves_on="none", no_graceful="proceed"))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    waited = [e for e in result["timeline"] if e["event"] == "waited_for_save"]
+    assert waited and waited[0]["still_writing"] is None and waited[0]["waited"] > 0.3
+    assert result["checkpoint"]["newest_step"] == 8 and result["checkpoint"]["written"]
+    assert result["loss"]["checkpoint_step"] == 8

@@ -29,6 +29,18 @@ def test_a_redeploy_that_worked():
     assert data["trainer_running"] is True and data["errors"] == [] and data["other_gpu_holders"] == 1
 
 
+def test_the_layout_what_was_moved_aside_and_what_the_run_resumed_from():
+    stop = dict(STOP, checkpoint={"new": None, "written": False, "format": "hf_trainer",
+                                  "newest": "/ck/checkpoint-400"}, loss={"steps_lost": 37})
+    launch = dict(LAUNCH, resume={"path": "/ck/checkpoint-400"},
+                  moved_aside=[{"name": "checkpoint-437", "to": "/ck/.incomplete/checkpoint-437-20261201T100000"}])
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=stop, launch=launch)
+    assert ("stopped by SIGINT in 2.5s, NO new checkpoint (hf_trainer), newest complete /ck/checkpoint-400 "
+            "(37 steps lost), moved the incomplete checkpoint-437 aside to /ck/.incomplete/checkpoint-437-"
+            "20261201T100000, PID 42, resumed from /ck/checkpoint-400, first progress") in lines[0]
+    assert data["moved_aside"][0]["name"] == "checkpoint-437"
+
+
 def test_installed_already_and_drift():
     _data, lines = summarize(manifest=MANIFEST, preflight={"release_status": dict(STATUS, present=True)},
                              stop=STOP, launch=LAUNCH)
