@@ -9,10 +9,13 @@ PYTHON ?= python3
 # the newest ansible-core runs on Python 3.12+ (pyenv has one on the project's machines)
 VENV_NEXT ?= .venv-next
 PYTHON_NEXT ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
-# PyTorch for the GPU check's CPU mode and the real-format checks of the checkpoint imitations
-# (safetensors); pip takes a local wheel where find-links has one
+# PyTorch (with accelerate and DeepSpeed) for the GPU check's CPU mode, the real-format checks of the
+# checkpoint imitations (safetensors) and the launchers in the testbed's CTs, which bind it at its own
+# path; pip takes a local wheel where find-links has one
 VENV_TORCH ?= .venv-torch
-TORCH_PIP_ARGS ?= torch==2.13.0 numpy safetensors==0.8.0
+SYSTEM_PYTHON ?= /usr/bin/python3
+TORCH_PIP_ARGS ?= torch==2.13.0 numpy safetensors==0.8.0 accelerate==1.15.0
+DEEPSPEED_PIP_ARGS ?= deepspeed==0.19.8
 INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?=
@@ -62,11 +65,14 @@ $(VENV_NEXT)/.installed: requirements-next.txt
 	$(VENV_NEXT)/bin/pip install --quiet --disable-pip-version-check -r requirements-next.txt
 	touch $@
 
-venv-torch: $(VENV_TORCH)/.installed ## PyTorch (TORCH_PIP_ARGS) for the GPU check's CPU mode
+venv-torch: $(VENV_TORCH)/.installed ## PyTorch, accelerate, DeepSpeed for the GPU check's CPU mode and the testbed's CTs
 
+# the system python3, which the testbed's CTs run too: they get this venv for torchrun
 $(VENV_TORCH)/.installed:
-	$(PYTHON) -m venv $(VENV_TORCH)
+	$(SYSTEM_PYTHON) -m venv $(VENV_TORCH)
 	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PIP_ARGS)
+	# DeepSpeed's launcher runs on the CPU; its ops are built only when used (never here)
+	DS_BUILD_OPS=0 $(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation $(DEEPSPEED_PIP_ARGS)
 	touch $@
 
 gpu-check: venv venv-torch ## the GPU check's four scenarios in CPU mode (make test runs them too)
@@ -100,9 +106,10 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 test: setup venv-next venv-torch ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
-bench: setup ## the benchmark tables (stop latency, checkpoint check, push cost, redeploy cost, scale, check mode)
+bench: setup venv-torch ## the benchmark tables (stop latency, checkpoint check, launcher stop, push cost, redeploy cost, scale, check mode)
 	$(BIN)/python bench/stop_latency.py
 	$(BIN)/python bench/checkpoint_check.py
+	$(BIN)/python bench/launcher_stop.py
 	$(BIN)/python bench/push_cost.py
 	$(BIN)/python bench/redeploy_bench.py
 

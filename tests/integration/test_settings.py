@@ -65,7 +65,7 @@ def test_production_inventory_runs_the_fields_command_line(production, testbed):
     args = in_ct(testbed, "pve1", 200, f"ps -o args= -p {pid}").stdout.strip()
     # byte for byte as far as the field's record goes; --resume after it when a checkpoint is there
     assert args in (FIELD, FIELD + " --resume"), args
-    summary = re.search(r"ct200: release \w+ .*?PID (\d+), first progress after [0-9.]+s, healthy after "
+    summary = re.search(r"ct200: release \w+ .*?PID (\d+), (?:resumed from \S+, )?first progress after [0-9.]+s, healthy after "
                         r"[0-9.]+s, ([0-9.]+) tok/s", " ".join(res.stdout.split()))
     assert summary and summary.group(1) == pid and float(summary.group(2)) > 0
 
@@ -78,6 +78,11 @@ def test_production_inventory_runs_the_fields_command_line(production, testbed):
     ({"trainer_stop_sigint_wiat": 10}, "trainer_stop_sigint_wiat: no role of this project knows this variable; "
                                        "did you mean trainer_stop_sigint_wait?"),
     ({"trainer_stop_checkpoint_dir": "/x"}, "trainer_stop_checkpoint_dir: renamed to trainer_run_checkpoint_dir"),
+    ({"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nprocs": 2}},
+     "trainer_run_launcher_options.nprocs: torchrun has no such option"),
+    ({"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": 2},
+      "trainer_launch_shutdown_timeout": 60},
+     "trainer_launch_shutdown_timeout: 60 s is shorter than the stop's graceful wait cap"),
 ])
 def test_a_bad_setting_fails_in_one_line_with_the_trainer_untouched(testbed, extra, line):
     before = trainer_pids(testbed, "pve2", 300)

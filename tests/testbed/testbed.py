@@ -40,6 +40,11 @@ MARKER = ".dflash-testbed"
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what the nodes and CTs run; not the venv
 DEFAULT_GPU_COUNT = 8
+# PyTorch for the CTs (make venv-torch: a venv of the system python3 the CTs run), bound
+# read-only at its own path, so torchrun and accelerate run in the CTs for real; optional: a CT
+# started before the venv exists has none (tests/integration/test_launchers.py restarts it)
+TORCH_VENV = os.path.join(REPO, ".venv-torch")
+CT_INIT = "/usr/sbin/dflash-testbed-init"
 CT_DIRS = ("usr", "etc", "proc", "sys", "dev", "tmp", "root", "run", "var/tmp",
            "var/log", "workspace", "opt", "home", "mnt", "local-bin")
 # Mirror the host's merged-/usr symlinks so host binaries find their libraries.
@@ -271,7 +276,8 @@ class Testbed:
         hostname = ct["hostname"]
         etc = os.path.join(rootfs, "etc")
         write(os.path.join(etc, "hostname"), f"{hostname}\n")
-        write(os.path.join(etc, "hosts"), f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n")
+        write(os.path.join(etc, "hosts"), f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n"
+                                          "::1 localhost ip6-localhost ip6-loopback\n")
         write(os.path.join(etc, "passwd"),
               "root:x:0:0:root:/root:/bin/bash\n"
               "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
@@ -280,6 +286,7 @@ class Testbed:
             os.symlink("../usr/lib/os-release", os.path.join(etc, "os-release"))
         usr_top = os.path.join(ctdir, "usr-top")
         self.write_fake_nvidia_smi(usr_top, ct["gpus"])
+        self.write_init(usr_top)
         mounts = [
             # the host's /usr, read-only, with the CT's own tools on top where the field has
             # them (the NVIDIA driver installs nvidia-smi in /usr/bin)
@@ -287,6 +294,7 @@ class Testbed:
             # and without the host's /usr/local/bin: nothing in the CT is found there by luck
             f"{rootfs}/local-bin usr/local/bin none bind,ro 0 0",
             "tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
+            f"{TORCH_VENV} {TORCH_VENV.lstrip('/')} none bind,ro,optional,create=dir 0 0",
         ]
         # Device nodes a CUDA process would hold open; /dev/null stands in.
         mounts += [f"/dev/null dev/nvidia{i} none bind,create=file 0 0" for i in range(ct["gpus"])]
@@ -300,7 +308,7 @@ class Testbed:
             "lxc.autodev = 1",
             "lxc.mount.auto = proc:rw sys:ro",
             *[f"lxc.mount.entry = {m}" for m in mounts],
-            "lxc.init.cmd = /usr/bin/tini -- /bin/sleep infinity",
+            f"lxc.init.cmd = /usr/bin/tini -- {CT_INIT}",
             "lxc.signal.halt = SIGTERM",
             "lxc.tty.max = 0",
             f"lxc.log.file = {ctdir}/lxc.log",
@@ -320,6 +328,14 @@ class Testbed:
         ]))
         if not node.check_running(vmid):
             node.start(vmid)
+
+    @staticmethod
+    def write_init(usr_top):
+        """The CT's init under tini: the loopback up, as a Proxmox CT's network setup brings it
+        up (torchrun's rendezvous and gloo bind to it), then nothing but waiting."""
+        os.makedirs(os.path.join(usr_top, "sbin"), mode=0o755, exist_ok=True)
+        write(os.path.join(usr_top, CT_INIT[len("/usr/"):]),
+              "#!/bin/sh\nip link set lo up\nexec sleep infinity\n", 0o755)
 
     @staticmethod
     def write_fake_nvidia_smi(usr_top, gpus):

@@ -42,6 +42,7 @@ def test_awx_survey_variables_are_consumed():
 
 
 @pytest.mark.parametrize("kind,name", [("filter", "dflash_argv"), ("filter", "dflash_gpus_needed"),
+                                       ("filter", "dflash_launcher_env"),
                                        ("filter", "dflash_env_pairs"), ("filter", "redeploy_summary"),
                                        ("filter", "redeploy_report"), ("lookup", "lock_holder")])
 def test_ansible_doc_renders_the_filters_and_the_lookup(kind, name):

@@ -43,6 +43,11 @@ Test-only misbehaviour switches (environment variables; never set in production)
   DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
                                       reparented to PID 1) that holds GPU 0 until killed
 
+Under a launcher (torchrun, accelerate: RANK and WORLD_SIZE in its environment) every rank
+trains; rank 0 logs and saves, as a DDP trainer's does, and on an interrupt the other ranks wait
+for its save in a torch.distributed (gloo) barrier, so a rank that exits early is what a launcher
+sees of a real run.
+
 Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
 DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
 
@@ -125,6 +130,8 @@ def parse_args(argv):
     p.add_argument("--save-interval", type=int, default=1000, help="steps between checkpoints")
     p.add_argument("--steps-per-epoch", type=int, default=100000)
     p.add_argument("--tag", default="", help="free-form run label, logged as given")
+    # the DeepSpeed launcher passes each worker its --local_rank (torchrun sets LOCAL_RANK)
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if set(args.target_gpus) & set(args.drafter_gpus):
         p.error("--target-gpus and --drafter-gpus overlap")
@@ -133,8 +140,35 @@ def parse_args(argv):
     return args
 
 
+RANK = int(os.environ.get("RANK", "0"))
+
+
 def log(message):
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
+    if RANK == 0:  # the rank that logs, as under torchrun
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
+
+
+class Ranks:
+    """The ranks of a launcher's run: with WORLD_SIZE > 1, a gloo process group (rendezvous
+    through the launcher's own store) whose barrier holds the other ranks while rank 0 saves."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.dist = None
+        if self.world > 1:
+            import torch.distributed as dist  # the launcher's torch
+
+            dist.init_process_group("gloo")
+            self.dist = dist
+            print(f"rank {RANK} of {self.world} pid={os.getpid()} joined", flush=True)
+
+    @property
+    def saves(self):
+        return RANK == 0
+
+    def barrier(self):
+        if self.dist is not None:
+            self.dist.barrier()
 
 
 def load_corpus(data_dir):
@@ -356,8 +390,11 @@ class Checkpointer:
             saves_on = {getattr(signal, s.strip()) for s in os.environ["DFLASH_TEST_SAVES_ON"].split(",")
                         if s.strip() and s.strip() != "none"}
         self.signals = Signals(saves_on, finishes)
+        self.ranks = Ranks()
 
     def save(self, model, state, reason):
+        if not self.ranks.saves:
+            return None
         if self.layout is None:
             return save_checkpoint(self.output_dir, model, state, reason)
         path = self.layout.save(state, model.weights, self.layouts.Pace.from_env(self.layout.files, reason))
@@ -480,6 +517,7 @@ def train(args):
             return EXIT_INTERRUPTED
         log(f"KeyboardInterrupt at step {state['step']}: saving checkpoint")
         checkpointer.save(model, state, "interrupt")
+        checkpointer.ranks.barrier()  # the other ranks wait for rank 0's save
         return EXIT_INTERRUPTED
     checkpointer.save(model, state, "final")
     stop_workers(workers)

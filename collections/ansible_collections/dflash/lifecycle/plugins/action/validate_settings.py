@@ -51,6 +51,15 @@ class ActionModule(ActionBase):
                 settings = {name: self._value(task_vars, name) for name in names}
                 try:
                     result["gpus_needed"] = run_settings.gpus_needed(settings)
+                    gpus = run_settings.gpus_given(settings)
+                    run_settings.launcher_checked(
+                        self._value(task_vars, "trainer_run_launcher") if "trainer_run_launcher" in task_vars else "python",
+                        self._value(task_vars, "trainer_run_launcher_options")
+                        if "trainer_run_launcher_options" in task_vars else None,
+                        self._value(task_vars, "trainer_launch_shutdown_timeout")
+                        if "trainer_launch_shutdown_timeout" in task_vars else 900, gpus,
+                        self._value(task_vars, "trainer_stop_graceful_wait_cap")
+                        if "trainer_stop_graceful_wait_cap" in task_vars else 900)
                 except run_settings.SettingsError as err:
                     errors.append(str(err))
         for warning in warnings:

@@ -21,9 +21,10 @@ def _filter_errors(function):
 
 
 class FilterModule:
-    """dflash_argv, dflash_gpus_needed, dflash_env_pairs."""
+    """dflash_argv, dflash_gpus_needed, dflash_env_pairs, dflash_launcher_env."""
 
     def filters(self):
         return {"dflash_argv": _filter_errors(run_settings.argv),
+                "dflash_launcher_env": _filter_errors(run_settings.launcher_env),
                 "dflash_gpus_needed": _filter_errors(run_settings.gpus_needed),
                 "dflash_env_pairs": _filter_errors(run_settings.env_pairs)}

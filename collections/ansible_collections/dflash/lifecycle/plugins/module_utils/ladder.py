@@ -94,9 +94,10 @@ def diagnostics(main_ident, options, proc_root):
 class Climb:
     """One climb of the ladder for one run; events go to result["timeline"]."""
 
-    def __init__(self, options, main, targets, scope, directory, result, started, progress=None):
+    def __init__(self, options, main, targets, scope, directory, result, started, progress=None, launch=None):
         self.options = options
         self.main = main
+        self.launch = launch  # a launcher's run (module_utils/launchers.py), or None
         self.targets = targets
         self.scope = scope
         self.directory = directory
@@ -162,6 +163,11 @@ class Climb:
             if index > 0 and self.result["diagnostics"] is None and main_alive:
                 self.result["diagnostics"] = diagnostics(self.main.identity, self.options, proc_root)
             self.refresh()
+            if self.launch is not None and self.saves(index):
+                stopped = self.through_launcher(stage, index)
+                if stopped:
+                    return stopped, self.ended_mid_write()
+                continue
             chosen = self.members(stage)
             if self.ending is None and main_alive and self.main.identity in chosen and not self.saves(index):
                 recent = self.activity is not None and self.activity.recent(time.monotonic())
@@ -177,6 +183,54 @@ class Climb:
                     self.event(event="stopped", stage=index, signal=name)
                     return {"stage": index, "signal": name, "scope": stage["scope"]}, self.ended_mid_write()
         return None, self.ended_mid_write()
+
+    def through_launcher(self, stage, index):
+        """The graceful stage of a launcher's run, by the launcher's rules (launchers.Run.plan):
+        the agent alone when it forwards the signal and its deadline covers the graceful cap
+        (never a worker too: a second SIGINT cuts a save), else every worker's group at once
+        while the agent is held (SIGSTOP): neither its deadline nor the first rank's exit can
+        then end the others in their save. Once the workers are gone the agent gets SIGTERM and
+        SIGCONT: it exits without an elastic restart. Returns stopped_by, or None."""
+        sig, name = stage["signal"], stage["signal"].name
+        how, why = self.launch.plan(sig, float(self.options.graceful_wait_cap))
+        self.result["launcher"]["plan"] = {"stage": index, "to": how, "why": why}
+        alive = self.targets.alive()
+        if how == "agent":
+            sent = [self.main.pid] if self.targets.send(self.main.identity, sig) else []
+            self.targets.send(self.main.identity, signal.SIGCONT)
+            self.event(event="signal", stage=index, signal=name, scope="agent", pids=sent)
+            remaining = self._wait(alive, stage, index, True)
+        else:
+            holders = [p.identity for p in self.launch.holders if p.identity in alive]
+            for ident in holders:
+                self.targets.send(ident, signal.SIGSTOP)
+            self.event(event="held", stage=index, pids=[i[0] for i in holders], signal="SIGSTOP")
+            groups = {p.pid for p in self.launch.workers}
+            chosen = [i for i in alive if i not in holders and (
+                i[0] in groups or self.targets.members[i]["proc"].pgid in groups)]
+            sent = [i[0] for i in chosen if self.targets.send(i, sig)]
+            self.event(event="signal", stage=index, signal=name, scope="workers", pids=sorted(sent))
+            workers = [p.identity for p in self.launch.workers if p.identity in alive]
+            self._wait(workers, stage, index, True)
+            for ident in holders:  # pending until it runs again: no restart, no SIGKILL
+                self.targets.send(ident, signal.SIGTERM)
+                self.targets.send(ident, signal.SIGCONT)
+            self.event(event="released", stage=index, pids=[i[0] for i in holders], signal="SIGTERM")
+            self.refresh()
+            remaining = self.targets.wait_gone(self.targets.alive(), min(AFTER_MAIN_GRACE, stage["wait"]))
+        for rank in self.result["launcher"]["ranks"]:
+            gone = not any(i[0] == rank["pid"] for i in self.targets.alive())
+            rank["ended_by"] = rank["ended_by"] or (f"{name} ({how})" if gone else None)
+        restarted = self.launch.restarted()
+        if restarted:
+            self.result["launcher"]["restarted"] = restarted
+            self.event(event="elastic_restart", stage=index, pids=restarted)
+        if not remaining:
+            self.refresh()
+            if not self.targets.alive():
+                self.event(event="stopped", stage=index, signal=name)
+                return {"stage": index, "signal": name, "scope": "agent" if how == "agent" else "workers"}
+        return None
 
     def wait_for_save(self, stage):
         """Hold the first signal while a save is being written, unless the trainer finishes a

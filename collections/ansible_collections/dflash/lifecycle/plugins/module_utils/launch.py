@@ -26,7 +26,7 @@ import subprocess
 import time
 import uuid
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, progress, proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, launchers, progress, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import ProgressFile, check_secure_dir, secure_dir, write_atomic
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
@@ -179,9 +179,29 @@ def wait_healthy(proc, params):
     report = ProgressFile(params.get("progress_file"))
     try:
         facts = _wait_first_progress(proc, params, reader, report)
+        facts["launcher"] = _ranks_running(proc, params)
         facts["throughput"] = _wait_throughput(proc, params, reader, report)
     finally:
         report.close()
+    return facts
+
+
+def _ranks_running(proc, params):
+    """A launcher's run (module_utils/launchers.py) is healthy when every rank its agent's command
+    line asks for runs: the agent, its workers and the deadline it would keep; None for a plain
+    trainer."""
+    main = proctable.read_process(proc.pid)
+    run = launchers.of(main) if main is not None else None
+    if run is None:
+        return None
+    facts = run.report()
+    facts["ranks"] = run.launcher.ranks_of(proctable.read_argv(proc.pid) or [])
+    if facts["ranks"] and len(run.workers) < facts["ranks"]:
+        lines = progress.read_lines(params["log_file"])
+        raise LaunchError(
+            f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {facts['ranks']} "
+            "ranks; last lines:\n" + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True,
+            log_tail=lines[-TAIL_LINES:])
     return facts
 
 

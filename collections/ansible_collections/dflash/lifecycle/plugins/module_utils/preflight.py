@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, launchers
 
 
 def count_gpus(nvidia_smi):
@@ -57,10 +57,29 @@ def preflight(params):
         check("trainer_script", os.path.isfile(script),
               f"{script}: " + ("present" if os.path.isfile(script) else "missing"),
               "no release is installed: run `make push` (or `make restart`) first")
+    torch = launcher_support(params["launcher"], check) if params.get("launcher") else None
     layout = checkpoint_layout(params, check)
-    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout,
+    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout, "launcher": torch,
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def launcher_support(wanted, check):
+    """The launcher check: the interpreter has torch (and accelerate or deepspeed for those), and
+    whether its torch reads a shutdown timeout (the launch renders the flag only where it does)."""
+    facts = launchers.torch_support_of_python(wanted["python"])
+    module = {"accelerate": "accelerate", "deepspeed": "deepspeed"}.get(wanted["name"])
+    missing = facts["error"]
+    if not missing and module:
+        found = subprocess.run([wanted["python"], "-c", f"import importlib.util as u; print(bool(u.find_spec('{module}')))"],
+                               capture_output=True, text=True, timeout=60, check=False).stdout.strip()
+        missing = None if found == "True" else f"{wanted['python']} has no {module}"
+    check("launcher", not missing,
+          missing or (f"{wanted['name']} with torch {facts['version']} at {facts['path']}; "
+                      + ("it reads a shutdown timeout" if facts["reads_shutdown_timeout"]
+                         else "it hard-codes its 30 s deadline: the stop signals the workers itself")),
+          f"install torch{' and ' + module if module else ''} for {wanted['python']} (trainer_run_python)")
+    return facts
 
 
 def checkpoint_layout(params, check):

@@ -16,7 +16,7 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoints, ladder, proctable, rundir, target_set, trainer_finding)
+    checkpoint_formats, checkpoints, ladder, launchers, proctable, rundir, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -91,12 +91,17 @@ def run(options, proc_root="/proc", check_mode=False):
             loss_at_start=directory.loss())
         signals, survives, words = directory.saving(options.saves_on)
         result["saves_on"] = {"signals": _names(signals), "save_survives": _names(survives), "words": words}
+        launch = launchers.of(main, proc_root)
+        if launch is not None:
+            result["launcher"] = launch.report()
+        # a launcher's workers are the trainer: their signal handling is the one that saves
+        trainer = launch.trainer() if launch is not None else main
         result["signal_dispositions"], result["graceful_stage"], result["graceful_reason"] = \
-            ladder.assess(main, options.stages, signals, words)
+            ladder.assess(trainer, options.stages, signals, words)
         result["graceful_possible"] = result["graceful_stage"] is not None
         if result["graceful_stage"] != 0:
             result["notes"].append(result["graceful_reason"])
-        climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress)
+        climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress, launch)
         if check_mode:
             return _check_report(options, result, directory, before, main)
         if not result["graceful_possible"]:
@@ -183,6 +188,17 @@ def _verify(options, directory, before, ended_mid_write, targets, result, main, 
     result["stopped"] = not survivors
     result["loss"] = directory.loss()
     result["msg"] = _summary(result, main.pid, started)
+    alive = {ident[0] for ident in survivors}
+    for rank in (result.get("launcher") or {}).get("ranks", []):
+        if rank["ended_by"] is None:
+            rank["ended_by"] = "still running" if rank["pid"] in alive else (
+                (result["stopped_by"] or {}).get("signal") or "gone")
+    restarted = (result.get("launcher") or {}).get("restarted")
+    if restarted:
+        raise StopFailed(f"the launcher restarted its workers during the stop (an elastic restart: new "
+                         f"PIDs {', '.join(map(str, restarted))}; max restarts "
+                         f"{result['launcher']['max_restarts']}): the stop did not end the run as asked. "
+                         + result["msg"], result)
     if survivors:
         states = ", ".join(f"PID {p['pid']} state {p['state']}" for p in result["survivors"])
         raise StopFailed(f"{len(survivors)} process(es) survived the last stage: {states}. "
@@ -223,6 +239,14 @@ def _others(result):
 
 def _summary(result, main_pid, started):
     took = round(time.monotonic() - started, 1)
+    launch = result.get("launcher")
+    if launch:
+        plan = launch.get("plan") or {}
+        head_words = (f"{launch['launcher']} agent PID {main_pid} ({len(launch['workers'])} workers, deadline "
+                      f"{launch['deadline']}"
+                      + (f"; the graceful signal went to the {plan['to']}" if plan else "") + ")")
+    else:
+        head_words = None
     if result["survivors"]:
         head = f"PID {main_pid} NOT stopped after {took}s"
     elif result["stopped_by"]:
@@ -250,4 +274,4 @@ def _summary(result, main_pid, started):
                  f"({'; '.join(resume['problems'])})")
     if result["other_gpu_holders"]:
         head += f"; {_others(result)}"
-    return head
+    return head + (f"; {head_words}" if head_words else "")

@@ -40,6 +40,18 @@ description:
   - The first signal is never sent while a save is being written (a temporary entry, or an
     incomplete checkpoint changed within O(checkpoint_activity_window)) unless the trainer finishes
     a save on that signal; it waits for the save, up to O(graceful_wait_cap).
+  - A trainer started by a launcher - torchrun (or C(python -m torch.distributed.run)), C(accelerate
+    launch), the DeepSpeed launcher - is stopped by the launcher's rules (the project's
+    C(module_utils/launchers.py)). The main process is the agent; its workers (one per rank) are the
+    trainer, whose signal handling decides the graceful stage. The agent's deadline before it
+    SIGKILLs its workers is read from its command line (C(--shutdown-timeout)), its environment
+    (C(TORCH_ELASTIC_SHUTDOWN_TIMEOUT), C(PET_SHUTDOWN_TIMEOUT)) and the torch it runs (older ones
+    hard-code 30 s). When the agent forwards the graceful signal and its deadline covers
+    O(graceful_wait_cap), the agent alone gets it (never a worker too - a second SIGINT cuts a save).
+    Otherwise every worker's process group gets it at once while the agent (and DeepSpeed's runner)
+    is held with SIGSTOP, so that neither its deadline nor the first rank's exit can end the others in
+    their save; once the workers are gone, the agent gets SIGTERM and SIGCONT and exits without an
+    elastic restart. New workers during the stop (an elastic restart) fail the task.
   - What counts as a checkpoint, its step and whether it is complete come from
     O(checkpoint_format); a quiet directory never makes one complete. The result says which
     layout was used, every checkpoint that appeared during the stop and whether it is complete,
@@ -328,7 +340,8 @@ timeline:
   description:
     - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started.
     - Events are C(signal) (with the PIDs it reached), C(skipped), C(waited_for_save) (the first
-      signal held while a save was written), C(checkpoint_landed), C(wait_extended) and C(stopped).
+      signal held while a save was written), C(checkpoint_landed), C(wait_extended), C(held) and
+      C(released) (a launcher's agent held while its workers saved), C(elastic_restart) and C(stopped).
   returned: always
   type: list
   elements: dict
@@ -384,6 +397,21 @@ checkpoint:
            resume: {name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true,
                     problems: [], rule: "the highest checkpoint-N, unchecked (get_last_checkpoint)"},
            temp_files_left: []}
+launcher:
+  description:
+    - For a run a launcher started - C(launcher) (torchrun, accelerate, deepspeed), C(agent) (its PID),
+      C(holders) (the processes held while the workers save), C(workers) (one per rank), C(deadline_s)
+      and C(deadline) (the agent's wait before SIGKILL, and where it was read), C(max_restarts),
+      C(restart_count), C(plan) (whom the graceful signal went to, V(agent) or V(workers), and why),
+      C(ranks) (each rank's PID and the signal it ended by) and C(restarted) (workers an elastic
+      restart started during the stop).
+  returned: when the trainer is a launcher's agent
+  type: dict
+  sample: {launcher: torchrun, agent: 880, holders: [880], workers: [901, 902], deadline_s: 30,
+           deadline: "30 s (torch 2.13.0+cpu's default)", max_restarts: 0, restart_count: 0,
+           plan: {stage: 0, to: workers, why: "SIGINT to every worker's group at once, the agent held: its deadline
+           (30 s (torch 2.13.0+cpu's default)) is shorter than the graceful cap 900 s"},
+           ranks: [{pid: 901, rank: 0, ended_by: SIGINT (workers)}, {pid: 902, rank: 1, ended_by: SIGINT (workers)}]}
 saves_on:
   description: >-
     The signals the trainer saves on (C(signals)) and those a save in progress survives

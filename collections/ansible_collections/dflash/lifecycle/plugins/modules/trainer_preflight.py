@@ -50,6 +50,22 @@ options:
   trainer_script:
     description: The trainer script a launch would run; missing means no release is installed.
     type: path
+  launcher:
+    description:
+      - The launcher the run starts with - checks that O(launcher.python) has torch (and accelerate or
+        deepspeed), and reads from the torch package's own files, without importing it, its version
+        and whether its launcher reads a shutdown timeout (RV(launcher)).
+    type: dict
+    suboptions:
+      name:
+        description: The launcher.
+        type: str
+        required: true
+        choices: [torchrun, accelerate, deepspeed]
+      python:
+        description: The interpreter the launch runs it with.
+        type: str
+        required: true
   trainer:
     description: How to find a running trainer, to report it (RV(trainer_running)).
     type: dict
@@ -173,6 +189,14 @@ gpu_count:
   description: GPUs listed by C(nvidia-smi -L).
   returned: always
   type: int
+launcher:
+  description: >-
+    The torch the launcher runs - C(path), C(version), C(reads_shutdown_timeout) (whether its
+    launcher reads C(--shutdown-timeout) and C(TORCH_ELASTIC_SHUTDOWN_TIMEOUT); older ones
+    hard-code 30 s) and C(error); null without O(launcher).
+  returned: always
+  type: dict
+  sample: {path: /opt/venv/lib/python3.11/site-packages/torch, version: 2.13.0+cpu, reads_shutdown_timeout: true, error: null}
 checkpoint_present:
   description: Whether a complete checkpoint exists in O(output_dir).
   returned: always
@@ -230,6 +254,10 @@ def main():
             **checkpoint_formats.ARGUMENT_SPEC,
             "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
             "trainer_script": {"type": "path"},
+            "launcher": {"type": "dict", "options": {
+                "name": {"type": "str", "required": True, "choices": ["torchrun", "accelerate", "deepspeed"]},
+                "python": {"type": "str", "required": True},
+            }},
             "trainer": {"type": "dict", "options": {
                 "pidfile": {"type": "path"},
                 "pattern": {"type": "str"},

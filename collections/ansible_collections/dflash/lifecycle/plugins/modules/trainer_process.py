@@ -33,7 +33,8 @@ description:
     C(current) at the given release, in the same call (see M(dflash.lifecycle.trainer_release)
     V(activate)); C(redeploy.yml) activates the pushed release this way, saving a round trip.
   - Healthy means a progress line - a step number (O(step_regex)) and a throughput figure
-    (O(throughput_patterns)) - and the process still alive O(health_seconds) after it, with no
+    (O(throughput_patterns)) - and, for a launcher's agent, every rank its command line asks for
+    running, and the process still alive O(health_seconds) after it, with no
     Python traceback in its log. A trainer that dies, or prints a traceback while it tears down,
     fails the task with the traceback or the tail of its log. The failed attempt's log is set
     aside as C(LOG.failed) and the older logs move back, so failed attempts never rotate the
@@ -363,6 +364,14 @@ resumed:
   description: Whether O(resume_auto) found a checkpoint and added O(resume_args).
   returned: when the trainer was started
   type: bool
+launcher:
+  description: >-
+    For a trainer started through a launcher (the command's agent is torchrun, accelerate or the
+    DeepSpeed launcher) - as M(dflash.lifecycle.staged_stop) RV(dflash.lifecycle.staged_stop#module:launcher)
+    reads it (its workers, the deadline it keeps, its restarts), and C(ranks), the ranks its command
+    line asks for; healthy means every one of them runs. Null for a plain trainer.
+  returned: when the trainer was started
+  type: dict
 resume:
   description: >-
     What the trainer's resume rule loads at the start (after any move aside) - C(name), C(path),

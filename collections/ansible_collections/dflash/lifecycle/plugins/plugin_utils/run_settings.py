@@ -17,6 +17,8 @@ from __future__ import annotations
 import difflib
 import re
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers
+
 NOISE_TYPES = ("uniform", "gaussian", "none")
 # name -> (kind, rule); kind decides the rendering, rule the validation. In flag order.
 FLAGS = (
@@ -208,16 +210,67 @@ def _cross_checks(values, visible_gpus):
                               f"got {values['token_budget']}")
 
 
-def argv(settings, visible_gpus=None, python="python3", script=None):
-    """argv of the trainer: [python, -u, script, --flag, value, ...]."""
-    flags, _values = validated(settings, visible_gpus)
-    return ([python, "-u", script] if script else []) + flags
+def argv(settings, visible_gpus=None, python="python3", script=None, launcher="python", launcher_options=None,
+         shutdown_timeout=900, shutdown_flag=True, graceful_cap=900):
+    """argv of the trainer: [python, -u, script, --flag, value, ...], or through a launcher
+    [python, -u, -m, <launcher>, --option, value, ..., script, --flag, ...] with the options that
+    keep it safe for a graceful stop (module_utils/launchers.py)."""
+    flags, values = validated(settings, visible_gpus)
+    if not script:
+        return flags
+    chosen = launcher_checked(launcher, launcher_options, shutdown_timeout,
+                              len(set(values["target_gpus"] + values["drafter_gpus"])), graceful_cap)
+    if chosen is None:
+        return [python, "-u", script] + flags
+    return chosen.render(python, script, flags, launcher_options, float(shutdown_timeout), bool(shutdown_flag))
+
+
+def launcher_checked(name, options, shutdown_timeout, gpus, graceful_cap=900):
+    """The launcher of trainer_run_launcher with its options checked (None for python): known
+    options with values of their kind, a deadline no shorter than the stop's graceful cap, and
+    no more ranks than the GPUs the run is given (which the CT must show: validated())."""
+    try:
+        chosen = launchers.named(name or "python")
+        if chosen is None:
+            if options:
+                raise launchers.LauncherError("trainer_run_launcher_options: set, but trainer_run_launcher is "
+                                              "python (no launcher)")
+            return None
+        if options is not None and not isinstance(options, dict):
+            raise launchers.LauncherError(f"trainer_run_launcher_options: a mapping, got {options!r}")
+        options = dict(options or {})
+        if float(shutdown_timeout) < float(graceful_cap):
+            raise launchers.LauncherError(
+                f"trainer_launch_shutdown_timeout: {shutdown_timeout} s is shorter than the stop's graceful wait "
+                f"cap (trainer_stop_graceful_wait_cap, {float(graceful_cap):.0f} s): the agent would SIGKILL the "
+                "workers in the middle of their save")
+        chosen.check(dict(chosen.forced_options(float(shutdown_timeout), True), **options), float(graceful_cap))
+        ranks = chosen.ranks(options)
+        if ranks is not None and ranks > int(gpus):
+            raise launchers.LauncherError(
+                f"trainer_run_launcher_options.{chosen.rank_options[0]}: {ranks} ranks, more than the {gpus} "
+                "GPUs the run is given (dflash_target_gpus, dflash_drafter_gpus)")
+    except launchers.LauncherError as err:
+        raise SettingsError(str(err)) from None
+    return chosen
+
+
+def launcher_env(name, shutdown_timeout):
+    """The environment a launcher's run needs for a graceful stop ({} for python)."""
+    chosen = launchers.named(name or "python")
+    return chosen.environment(float(shutdown_timeout)) if chosen else {}
 
 
 def gpus_needed(settings):
     """GPUs the run needs (its highest GPU id + 1), from settings that pass every rule."""
     _flags, values = validated(dict(strip_prefix(settings), resume=False))
     return max(values["target_gpus"] + values["drafter_gpus"]) + 1
+
+
+def gpus_given(settings):
+    """How many GPUs the run is given (its target and drafter GPU ids)."""
+    _flags, values = validated(dict(strip_prefix(settings), resume=False))
+    return len(set(values["target_gpus"] + values["drafter_gpus"]))
 
 
 def env_pairs(env, name="env"):

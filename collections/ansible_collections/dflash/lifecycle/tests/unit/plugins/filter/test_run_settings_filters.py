@@ -110,3 +110,33 @@ def test_hostile_values_reach_the_program_literally(tmp_path, hostile):
                          cwd=tmp_path).stdout.splitlines()
     assert out == argv
     assert not (tmp_path / "pwned").exists() and not os.path.exists("/tmp/pwned")
+
+
+def test_a_launcher_leads_the_argv_with_what_keeps_it_safe_for_a_stop():
+    argv = FILTERS["dflash_argv"](SETTINGS, python="/v/bin/python", script="/opt/t.py", launcher="torchrun",
+                                  launcher_options={"nproc_per_node": 2, "standalone": True}, shutdown_timeout=900)
+    assert argv[:11] == ["/v/bin/python", "-u", "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                         "--standalone", "--max-restarts", "0", "--shutdown-timeout", "900"]
+    assert argv[11] == "/opt/t.py" and argv[12] == "--target-model"
+    assert FILTERS["dflash_launcher_env"]("torchrun", 900) == {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "900"}
+    assert FILTERS["dflash_launcher_env"]("python", 900) == {}
+
+
+@pytest.mark.parametrize("launcher,options,visible,error", [
+    ("torchrun", {"nproc_per_node": 9}, None, "nproc_per_node: 9 ranks, more than the 8 GPUs the run is given"),
+    ("torchrun", {"shutdown_timeout": 30}, None, "shutdown_timeout: 30 s is shorter than the stop's graceful wait cap"),
+    ("torchrun", {"nproc_per_nodes": 2}, None, "nproc_per_nodes: torchrun has no such option; did you mean"),
+    ("python", {"nproc_per_node": 2}, None, "trainer_run_launcher_options: set, but trainer_run_launcher is python"),
+    ("srun", {}, None, "trainer_run_launcher: 'srun' is not one of python, torchrun, accelerate, deepspeed"),
+])
+def test_bad_launcher_settings_fail_in_one_line_naming_the_variable(launcher, options, visible, error):
+    with pytest.raises(AnsibleFilterError, match=error):
+        FILTERS["dflash_argv"](dict(SETTINGS, target_gpus=[0, 1, 2, 3, 4], drafter_gpus=[5, 6, 7]),
+                               visible_gpus=visible, script="/opt/t.py", launcher=launcher,
+                               launcher_options=options, shutdown_timeout=900)
+
+
+def test_a_launch_deadline_shorter_than_the_graceful_cap_names_its_variable():
+    with pytest.raises(AnsibleFilterError, match="trainer_launch_shutdown_timeout: 60 s is shorter than the stop's "
+                                                 r"graceful wait cap \(trainer_stop_graceful_wait_cap, 900 s\)"):
+        FILTERS["dflash_argv"](SETTINGS, script="/opt/t.py", launcher="torchrun", shutdown_timeout=60, graceful_cap=900)
