@@ -190,6 +190,20 @@ def test_stop_start_shutdown_and_stopped_ct_errors(node):
             node("pct start 301", check=True)
 
 
+def test_migrate_refuses_what_pve_container_refuses(node):
+    """PVE::API2::LXC migrate_vm: a running CT moves only with --restart (a boolean, its value
+    optional as every boolean of pve-common's CLI), never to its own node or an unknown one."""
+    for command, error in (("pct migrate 300 pve1", "can't migrate running container without --online or --restart\n"),
+                           ("pct migrate 300 pve1 --online", "lxc live migration is currently not implemented\n"),
+                           ("pct migrate 300 pve9 --restart", "no such cluster node 'pve9'\n"),
+                           ("pct migrate 300 pve2 --restart", "400 Parameter verification failed.\n"
+                                                              "target: target is local node.\n")):
+        res = node(command)
+        assert res.returncode == 255 and res.stderr.startswith(error), (command, res.stderr)
+    assert node("pct status 300").stdout == "status: running\n"
+    assert node("pct list").stdout.splitlines()[1].split()[0] == "300"  # still on pve2
+
+
 def test_every_invocation_is_counted(testbed, node):
     before = len(testbed.pct_invocations(NODE))
     node("pct status 300; pct list; pct status 99")

@@ -3,7 +3,7 @@
 
 Faithful to proxmox/pve-container ``src/PVE/CLI/pct.pm`` (and the pve-common /
 pve-guest-common code it calls) for the sub-commands this project uses: exec,
-push, pull, status, list, start, stop, shutdown, config.  Where the real tool
+push, pull, status, list, start, stop, shutdown, config, migrate.  Where the real tool
 has a surprising behaviour the project must cope with, this one has it too:
 
 * ``exec`` replaces itself with ``lxc-attach -n <vmid> --keep-env -- CMD``
@@ -52,6 +52,7 @@ USAGE = {
     "shutdown": "pct shutdown <vmid> [OPTIONS]",
     "config": "pct config <vmid> [OPTIONS]",
     "list": "pct list",
+    "migrate": "pct migrate <vmid> <target> [OPTIONS]",
 }
 
 
@@ -239,6 +240,10 @@ def copy_fd(src_fd, dst_fd):
             view = view[os.write(dst_fd, view) :]
 
 
+# the options of pct's commands that pve-container's schema types boolean
+BOOLEAN_OPTIONS = {"keep-env", "verbose", "forceStop", "restart", "online"}
+
+
 def parse(command, argv, positional, options):
     """CLIHandler-style parsing: fixed positionals, then --opt value pairs;
     for exec, whatever follows ``--`` (or is not an option) is extra-args."""
@@ -253,7 +258,10 @@ def parse(command, argv, positional, options):
         if token == "--":
             extra.extend(rest)
             break
-        if token.startswith("--") and token[2:] in options:
+        if token.startswith("--") and token[2:] in BOOLEAN_OPTIONS & options:
+            # PVE::JSONSchema get_options: a boolean is "$prop:s", its value optional ('' is 1)
+            values[token[2:]] = rest.pop(0) if rest and not rest[0].startswith("-") else "1"
+        elif token.startswith("--") and token[2:] in options:
             if not rest:
                 raise ParamError(command, {token[2:]: "missing value"})
             values[token[2:]] = rest.pop(0)
@@ -389,10 +397,48 @@ def cmd_shutdown(node, argv):
     return 0
 
 
+def cmd_migrate(node, argv):
+    """PVE::API2::LXC migrate_vm and PVE::LXC::Migrate: a restart migration (the CT is shut down,
+    its volume and config move to the target, it starts there); offline when it is stopped. The
+    CT's directory (its root file system: releases, checkpoints, logs) moves whole, as its volume
+    does on shared or migrated storage; the config moves last, as in phase3."""
+    values, _extra = parse("migrate", argv, ["vmid", "target"], {"restart", "online", "timeout"})
+    vmid, target = values["vmid"], values["target"]
+    if target == node.name:
+        raise ParamError("migrate", {"target": "target is local node."})
+    target_dir = os.path.join(os.path.dirname(node.dir), target)
+    if not os.path.isdir(os.path.join(target_dir, "etc/pve/nodes", target)):
+        raise PctError(f"no such cluster node '{target}'\n")
+    node.load_config(vmid)
+    running = node.check_running(vmid)
+    if running and perl_bool(values.get("online", "0")):
+        raise PctError("lxc live migration is currently not implemented\n")
+    if running and not perl_bool(values.get("restart", "0")):
+        raise PctError("can't migrate running container without --online or --restart\n")
+    dest = Node(target_dir)
+    if running:
+        node.stop(vmid, kill=False, timeout=int(values.get("timeout", 180)))
+    with node.lock_config(vmid):
+        old, new = os.path.join(node.lxcpath, vmid), os.path.join(dest.lxcpath, vmid)
+        os.makedirs(dest.lxcpath, exist_ok=True)
+        os.rename(old, new)
+        config = os.path.join(new, "config")
+        with open(config, encoding="utf-8") as handle:
+            text = handle.read().replace(old + "/", new + "/").replace(old + " ", new + " ")
+        with open(config, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.makedirs(dest.conf_dir, exist_ok=True)
+        os.rename(node.conf_path(vmid), dest.conf_path(vmid))
+    print("migration finished successfully")
+    if running:
+        dest.start(vmid)
+    return 0
+
+
 COMMANDS = {
     "exec": cmd_exec, "push": cmd_push, "pull": cmd_pull, "status": cmd_status,
     "config": cmd_config, "list": cmd_list, "start": cmd_start, "stop": cmd_stop,
-    "shutdown": cmd_shutdown,
+    "shutdown": cmd_shutdown, "migrate": cmd_migrate,
 }
 
 

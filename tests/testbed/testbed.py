@@ -7,7 +7,8 @@ so the inventory the playbooks use and the testbed can never disagree:
 * ``testbed_state_dir`` (all): where this testbed instance keeps everything;
 * group ``proxmox_nodes``: one sshd per host on ``ansible_host:ansible_port``;
 * group ``dflash_trainers``: one CT per host, ``ansible_pct_vmid`` on node
-  ``pve_node``, with ``testbed_gpu_count`` fake GPUs (default 8).
+  ``pve_node``, with ``testbed_gpu_count`` fake GPUs (default 8) and ``testbed_tags`` in its
+  Proxmox config (default ``dflash``, what the cluster inventory selects by).
 
 ``up`` and ``down`` are idempotent.  Everything created lives under the state
 dir and carries a marker; ``down`` ends only the daemons and containers it
@@ -40,6 +41,7 @@ MARKER = ".dflash-testbed"
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PYTHON = "/usr/bin/python3"  # what the nodes and CTs run; not the venv
 DEFAULT_GPU_COUNT = 8
+DEFAULT_TAGS = "dflash"  # the tag the cluster inventory (dflash.lifecycle.pve_cluster) selects by
 # PyTorch for the CTs (make venv-torch: a venv of the system python3 the CTs run), bound
 # read-only at its own path, so torchrun and accelerate run in the CTs for real; optional: a CT
 # started before the venv exists has none (tests/integration/test_launchers.py restarts it)
@@ -85,7 +87,8 @@ def load_layout(inventory):
         if not re.match(pct.VMID_RE, vmid):
             raise TestbedError(f"{name}: ansible_pct_vmid={vmid!r} is not a valid VM ID")
         nodes[node]["cts"][vmid] = {
-            "hostname": name, "gpus": int(hv.get("testbed_gpu_count", DEFAULT_GPU_COUNT))}
+            "hostname": name, "gpus": int(hv.get("testbed_gpu_count", DEFAULT_GPU_COUNT)),
+            "tags": hv.get("testbed_tags", DEFAULT_TAGS)}
     for name, node in nodes.items():
         if not node["address"].startswith("127."):
             raise TestbedError(f"{name}: testbed nodes must live on loopback (127.0.0.0/8)")
@@ -186,9 +189,10 @@ class Testbed:
             os.makedirs(os.path.join(ndir, sub), mode=0o755, exist_ok=True)
         os.chmod(os.path.join(ndir, "root"), 0o700)
         write(os.path.join(ndir, "root", ".bashrc"), "export HOME=/root\n")
-        # One copy of pct per node: it finds its node from its own location.
-        shutil.copyfile(os.path.join(HERE, "pct.py"), os.path.join(ndir, "bin", "pct"))
-        os.chmod(os.path.join(ndir, "bin", "pct"), 0o755)
+        # One copy of pct (and pvesh) per node: it finds its node from its own location.
+        for tool in ("pct", "pvesh"):
+            shutil.copyfile(os.path.join(HERE, f"{tool}.py"), os.path.join(ndir, "bin", tool))
+            os.chmod(os.path.join(ndir, "bin", tool), 0o755)
         host_key = os.path.join(ndir, "ssh_host_ed25519_key")
         if not os.path.exists(host_key):
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", host_key])
@@ -323,6 +327,7 @@ class Testbed:
             "memory: 4096",
             "ostype: debian",
             f"rootfs: local:{vmid}/vm-{vmid}-disk-0.raw,size=8G",
+            f"tags: {ct['tags']}",
             f"testbed_gpus: {ct['gpus']}",
             "",
         ]))

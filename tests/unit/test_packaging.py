@@ -73,7 +73,7 @@ def test_collection_metadata_license_and_changelog():
 def test_the_collection_readme_lists_every_plugin():
     readme = open(os.path.join(COLLECTION, "README.md"), encoding="utf-8").read()
     names = []
-    for kind in ("modules", "connection", "lookup", "filter"):
+    for kind in ("modules", "connection", "inventory", "lookup", "filter", "doc_fragments"):
         for name in sorted(os.listdir(os.path.join(COLLECTION, "plugins", kind))):
             stem, ext = os.path.splitext(name)
             if (kind == "filter") == (ext == ".yml") and ext in (".py", ".yml"):

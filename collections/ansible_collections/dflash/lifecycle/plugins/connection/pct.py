@@ -46,8 +46,10 @@ options:
       - name: ANSIBLE_PCT_EXECUTABLE
   node:
     description:
-      - Inventory name of the node holding the container, used in messages (a stopped container
-        is reported as C(CT 200 on pve1 is stopped), not as an SSH failure).
+      - "Inventory name of the node holding the container, used in messages - a stopped container
+        is reported as C(CT 200 on pve1 is stopped), and one whose configuration the node does not
+        hold as C(CT 200 is not on pve2 (pct: Configuration file ... does not exist): it may have
+        moved to another node), each a task failure, not an SSH failure."
     type: str
     vars:
       - name: pve_node
@@ -165,13 +167,19 @@ class Connection(SSHConnection):
         return pct_exec_command(self.get_option("pct_executable"), self.vmid, command)
 
     def _stopped_ct(self, error):
-        """pct's exit status 255 ("container 'N' not running!") reads as an SSH failure to the ssh
-        plugin; say what it is, in one line."""
-        if f"container '{self.vmid}' not running!" not in to_text(error):
-            return error
+        """pct's exit status 255 reads as an SSH failure to the ssh plugin; a CT that is stopped
+        ("container 'N' not running!") or not on this node (its configuration is not in the node's
+        directory: pve-container's load_config) is said as what it is, in one line."""
+        text = to_text(error)
         where = self.get_option("node") or self._play_context.remote_addr
-        return AnsibleError(f"CT {self.vmid} on {where} is stopped (pct status: stopped); start it "
-                            f"with `pct start {self.vmid}` on the node")
+        if f"container '{self.vmid}' not running!" in text:
+            return AnsibleError(f"CT {self.vmid} on {where} is stopped (pct status: stopped); start it "
+                                f"with `pct start {self.vmid}` on the node")
+        missing = re.search(r"Configuration file '[^']*/lxc/%s\.conf' does not exist" % self.vmid, text)
+        if missing:
+            return AnsibleError(f"CT {self.vmid} is not on {where} (pct: {missing.group(0)}): it may have "
+                                "moved to another node")
+        return error
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         try:

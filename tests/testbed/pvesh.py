@@ -1,0 +1,80 @@
+#!/usr/bin/python3
+"""Stand-in for Proxmox VE's ``pvesh`` on a testbed node, for the one call the project makes:
+
+    pvesh get /cluster/resources --type vm --output-format json
+
+Faithful to pve-manager ``PVE/API2/Cluster.pm`` ``resources`` (what it lists for a container:
+``id`` ``lxc/<vmid>``, ``type`` ``lxc``, ``vmid``, ``name``, ``node``, ``status``, ``tags`` as the
+config's semicolon-separated string, ``template``, ``maxmem``, ``maxcpu``, ``uptime``) and to
+``pvesh``'s ``--output-format json`` (one JSON array on stdout). The answer covers every node
+of the cluster, as pmxcfs shows every node's ``/etc/pve/nodes/<node>/lxc`` to each of them: this
+copy reads its sibling nodes' directories of the testbed's state. An unknown path or option fails
+as the real tool does (``No 'get' handler defined for '<path>'``, exit 255).
+"""
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+
+
+def _pct():
+    """The node's pct stand-in, installed beside this file (as `pct`, no suffix)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pct")
+    if not os.path.exists(path):
+        path += ".py"  # run from the repository
+    loader = importlib.machinery.SourceFileLoader("pct", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("pct", loader))
+    loader.exec_module(module)
+    return module
+
+
+pct = _pct()
+
+DIE_EXIT = 255
+
+
+def resources(nodes_root):
+    found = []
+    for name in sorted(os.listdir(nodes_root)):
+        node = pct.Node(os.path.join(nodes_root, name))
+        for vmid in node.vmids():
+            conf = node.load_config(vmid)
+            running = node.check_running(vmid)
+            found.append({
+                "id": f"lxc/{vmid}", "type": "lxc", "vmid": vmid, "name": conf.get("hostname", f"CT{vmid}"),
+                "node": name, "status": "running" if running else "stopped", "tags": conf.get("tags", ""),
+                "template": 0, "maxmem": int(conf.get("memory", 512)) * 1024 * 1024,
+                "maxcpu": int(conf.get("cores", 1)), "uptime": 1 if running else 0,
+            })
+    return found
+
+
+def main(argv):
+    os.environ["PATH"] = pct.CLI_PATH
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    options = dict(zip(argv[2::2], argv[3::2]))
+    if argv[:2] != ["get", "/cluster/resources"]:
+        sys.stderr.write(f"No '{argv[0] if argv else ''}' handler defined for '{argv[1] if len(argv) > 1 else ''}'\n")
+        return DIE_EXIT
+    unknown = sorted(set(options) - {"--type", "--output-format"})
+    if unknown:
+        sys.stderr.write(f"400 Parameter verification failed.\n{unknown[0][2:]}: property is not defined in "
+                         "schema and the schema does not allow additional properties\n")
+        return DIE_EXIT
+    if options.get("--type", "vm") != "vm":  # the testbed has no storage, node or sdn resources to list
+        sys.stderr.write(f"400 Parameter verification failed.\ntype: value '{options['--type']}' does not have a "
+                         "value in the enumeration 'vm, storage, node, sdn'\n")
+        return DIE_EXIT
+    listed = resources(os.path.dirname(here))
+    if options.get("--output-format") == "json":
+        sys.stdout.write(json.dumps(listed) + "\n")
+    else:
+        for item in listed:
+            sys.stdout.write(f"{item['id']:<12} {item['node']:<8} {item['status']:<8} {item['name']}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
