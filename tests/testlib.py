@@ -64,10 +64,11 @@ def example_settings():
     return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
 
 
-def make_testbed_inventory(root, state_dir, nodes, cts, settings=None):
+def make_testbed_inventory(root, state_dir, nodes, cts, settings=None, groups=None):
     """A testbed of its own: inventory/testbed copied to root with its state in state_dir, the
     nodes {name: loopback address} and the CTs {host: host vars (pve_node, ansible_pct_vmid,
-    ...)}; settings are added to the CTs' group_vars (a file of their own, read last)."""
+    ...)}; settings are added to the CTs' group_vars (a file of their own, read last); groups
+    {name: {vars, hosts}} are gangs: groups of CTs under dflash_trainers > dflash_gangs."""
     import shutil
     import yaml
     shutil.copytree(os.path.join(REPO, "inventory", "testbed"), root, symlinks=False)
@@ -79,12 +80,16 @@ def make_testbed_inventory(root, state_dir, nodes, cts, settings=None):
         handle.write(text)
     hosts = {"all": {"children": {
         "proxmox_nodes": {"hosts": {name: {"ansible_host": address} for name, address in nodes.items()}},
-        "dflash_trainers": {"hosts": cts}}}}
+        "dflash_trainers": {"hosts": cts, "children": {"dflash_gangs": {"children": {
+            name: {"hosts": {h: None for h in group["hosts"]}} for name, group in (groups or {}).items()}}}}}}}
     with open(os.path.join(root, "hosts.yml"), "w", encoding="utf-8") as handle:
         handle.write("---\n" + yaml.safe_dump(hosts, sort_keys=False))
     if settings:
         with open(os.path.join(root, "group_vars", "dflash_trainers", "zz_test.yml"), "w", encoding="utf-8") as handle:
             handle.write("---\n" + yaml.safe_dump(settings, sort_keys=False))
+    for name, group in (groups or {}).items():  # a file: inline group vars would lose to group_vars/
+        with open(os.path.join(root, "group_vars", f"{name}.yml"), "w", encoding="utf-8") as handle:
+            handle.write("---\n" + yaml.safe_dump(group.get("vars", {}), sort_keys=False))
     return root
 
 
@@ -139,3 +144,30 @@ class LiveTestbed:
 
     def playbook(self, *args, check=True):
         return run_tool([os.path.join(BIN, "ansible-playbook"), *args], check=check)
+
+
+GANG = "dflash_big"
+TORCH_PYTHON = os.path.join(REPO, ".venv-torch", "bin", "python")
+
+
+def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
+    """A testbed of its own for a gang: two nodes on loopback (<loopback>.1, .2), a CT on each -
+    ct400 (rank 0) and ct401 (rank 1) of gang dflash_big, on the testbed's cluster network
+    (<cluster_net>.1, .2 in a network namespace of the testbed's own) and sharing one checkpoint
+    directory (a bind mount point, as shared storage is) - each running a torchrun agent with 2 CPU
+    ranks over gloo. With solo, ct402 on the first node runs the same alone (torchrun --standalone)."""
+    shared = f"{state_dir}/shared/checkpoints,mp=/workspace/checkpoints"
+    cts = {}
+    for rank, (node, vmid) in enumerate((("gn1", 400), ("gn2", 401))):
+        address = f"{cluster_net}.{rank + 1}"
+        cts[f"ct{vmid}"] = {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_gpu_count": 2,
+                            "trainer_run_gang_rank": rank, "trainer_run_gang_address": address,
+                            "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24", "testbed_mp0": shared}
+    if solo:
+        cts["ct402"] = {"pve_node": "gn1", "ansible_pct_vmid": 402, "testbed_gpu_count": 2,
+                        "trainer_run_launcher_options": {"nproc_per_node": 2, "standalone": True}}
+    settings = {"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": 2},
+                "trainer_run_python": TORCH_PYTHON, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
+                "dflash_profile_interval": 20}
+    return make_testbed_inventory(root, state_dir, {"gn1": f"{loopback}.1", "gn2": f"{loopback}.2"}, cts,
+                                  settings, groups={GANG: {"vars": {"trainer_run_gang": GANG}, "hosts": ["ct400", "ct401"]}})

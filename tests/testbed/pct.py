@@ -69,6 +69,25 @@ class ParamError(PctError):
         super().__init__("\n".join(lines) + "\n\n" + USAGE[command] + "\n")
 
 
+def parse_net(value):
+    """{key: value} of a netN property (PVE::LXC::Config's net format: name=eth0,bridge=vmbr0,...)."""
+    return dict(item.split("=", 1) for item in value.split(",") if "=" in item)
+
+
+def parse_mount_point(value):
+    """(volume or host directory, path in the CT) of an mpN property ('<volume>,mp=<path>,...')."""
+    volume, *options = value.split(",")
+    found = parse_net(",".join(options))
+    if "mp" not in found:
+        raise PctError(f"invalid mount point '{value}': no mp=<path>\n")
+    return volume, found["mp"]
+
+
+def cluster_netns(state_dir):
+    """The testbed instance's cluster network: the namespace its bridges live in."""
+    return "dflash-" + os.path.basename(os.path.abspath(state_dir))
+
+
 class Node:
     """One testbed node: its pve config tree and its LXC path."""
 
@@ -142,6 +161,31 @@ class Node:
             if res.returncode != 0 or not self.check_running(vmid):
                 sys.stderr.write(res.stderr)
                 raise PctError(f"startup for container '{vmid}' failed\n")
+            self.plug_nics(vmid)
+
+    def plug_nics(self, vmid):
+        """The CT's netN NICs: a veth pair whose host end, veth<vmid>i<N>, joins the bridge (what
+        pve-container's lxcnetaddbr hook does on a node), the other end named and addressed in the
+        CT as its distribution's network setup would. The bridge lives in the testbed's cluster
+        network namespace, so the pair is made there: the host's own network is never touched."""
+        conf = self.load_config(vmid)
+        nics = sorted((int(key[3:]), parse_net(value)) for key, value in conf.items() if re.match(r"^net\d+$", key))
+        if not nics:
+            return
+        netns = cluster_netns(os.path.dirname(os.path.dirname(self.dir)))
+        pid = str(self.init_pid(vmid))
+        for index, nic in nics:
+            host_end = f"veth{vmid}i{index}"
+            steps = [["ip", "-n", netns, "link", "add", host_end, "type", "veth", "peer", "name", nic["name"],
+                      "netns", pid],
+                     ["ip", "-n", netns, "link", "set", host_end, "master", nic["bridge"], "up"],
+                     ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set", nic["name"], "up"]]
+            if nic.get("ip"):
+                steps.append(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "addr", "add", nic["ip"], "dev", nic["name"]])
+            for step in steps:
+                res = subprocess.run(step, capture_output=True, text=True, check=False)
+                if res.returncode != 0:
+                    raise PctError(f"unable to plug net{index} of CT {vmid} into {nic['bridge']}: {res.stderr.strip()}\n")
 
     def stop(self, vmid, kill=True, timeout=None):
         # vm_stop / vm_shutdown -> PVE::LXC::vm_stop: lxc-stop --kill, or a

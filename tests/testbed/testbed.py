@@ -8,7 +8,12 @@ so the inventory the playbooks use and the testbed can never disagree:
 * group ``proxmox_nodes``: one sshd per host on ``ansible_host:ansible_port``;
 * group ``dflash_trainers``: one CT per host, ``ansible_pct_vmid`` on node
   ``pve_node``, with ``testbed_gpu_count`` fake GPUs (default 8) and ``testbed_tags`` in its
-  Proxmox config (default ``dflash``, what the cluster inventory selects by).
+  Proxmox config (default ``dflash``, what the cluster inventory selects by); optionally
+  ``testbed_net0`` (``name=eth0,bridge=vmbr0,ip=10.77.9.1/24``: a NIC on a bridge of the
+  testbed's cluster network, a network namespace of its own that no host interface is part of)
+  and ``testbed_mp0`` (``<host dir>,mp=<path in the CT>``: a bind mount point, as shared
+  storage gives several CTs one directory), written into the CT's Proxmox config as
+  ``net0``/``mp0``.
 
 ``up`` and ``down`` are idempotent.  Everything created lives under the state
 dir and carries a marker; ``down`` ends only the daemons and containers it
@@ -88,7 +93,8 @@ def load_layout(inventory):
             raise TestbedError(f"{name}: ansible_pct_vmid={vmid!r} is not a valid VM ID")
         nodes[node]["cts"][vmid] = {
             "hostname": name, "gpus": int(hv.get("testbed_gpu_count", DEFAULT_GPU_COUNT)),
-            "tags": hv.get("testbed_tags", DEFAULT_TAGS)}
+            "tags": hv.get("testbed_tags", DEFAULT_TAGS),
+            "net0": hv.get("testbed_net0"), "mp0": hv.get("testbed_mp0")}
     for name, node in nodes.items():
         if not node["address"].startswith("127."):
             raise TestbedError(f"{name}: testbed nodes must live on loopback (127.0.0.0/8)")
@@ -112,9 +118,9 @@ def instance_lock(state_dir, remove=False):
                     os.rmdir(parent)  # only when no other instance lives there
 
 
-def run(cmd, **kwargs):
+def run(cmd, check=True, **kwargs):
     res = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
-    if res.returncode != 0:
+    if check and res.returncode != 0:
         raise TestbedError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
     return res
 
@@ -175,6 +181,7 @@ class Testbed:
                 run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dflash-testbed",
                      "-f", self.key])
             known = []
+            self.up_cluster_network()
             for name, spec in self.nodes.items():
                 known.append(self.up_node(name, spec))
                 for vmid, ct in spec["cts"].items():
@@ -182,6 +189,22 @@ class Testbed:
             write(self.known_hosts, "".join(known))
         log(f"up: {len(self.nodes)} nodes, "
             f"{sum(len(n['cts']) for n in self.nodes.values())} CTs, state in {self.state_dir}")
+
+    def up_cluster_network(self):
+        """The cluster network: a network namespace of this instance holding every bridge a CT's
+        net0 names (the nodes' vmbrN, joined as a switch would join them). No host interface is
+        in it and nothing in it routes out: CT-to-CT traffic stays in namespaces the testbed made."""
+        bridges = {pct.parse_net(ct["net0"])["bridge"] for node in self.nodes.values()
+                   for ct in node["cts"].values() if ct["net0"]}
+        if not bridges:
+            return
+        netns = pct.cluster_netns(self.state_dir)
+        if netns not in run(["ip", "netns", "list"]).stdout.split():
+            run(["ip", "netns", "add", netns])
+        for bridge in sorted(bridges):
+            if run(["ip", "-n", netns, "link", "show", bridge], check=False).returncode != 0:
+                run(["ip", "-n", netns, "link", "add", bridge, "type", "bridge"])
+            run(["ip", "-n", netns, "link", "set", bridge, "up"])
 
     def up_node(self, name, spec):
         ndir = self.node_dir(name)
@@ -280,8 +303,12 @@ class Testbed:
         hostname = ct["hostname"]
         etc = os.path.join(rootfs, "etc")
         write(os.path.join(etc, "hostname"), f"{hostname}\n")
-        write(os.path.join(etc, "hosts"), f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n"
-                                          "::1 localhost ip6-localhost ip6-loopback\n")
+        # PVE::LXC::Setup::Base update_etc_hosts: the CT's name on its static address (net0's
+        # ip), else on 127.0.1.1, in a section of its own
+        address = pct.parse_net(ct["net0"]).get("ip", "").split("/")[0] if ct["net0"] else ""
+        write(os.path.join(etc, "hosts"), "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+                                          f"# --- BEGIN PVE ---\n{address or '127.0.1.1'} {hostname}\n"
+                                          "# --- END PVE ---\n")
         write(os.path.join(etc, "passwd"),
               "root:x:0:0:root:/root:/bin/bash\n"
               "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
@@ -300,6 +327,11 @@ class Testbed:
             "tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
             f"{TORCH_VENV} {TORCH_VENV.lstrip('/')} none bind,ro,optional,create=dir 0 0",
         ]
+        if ct["mp0"]:
+            # a bind mount point (pve-container mounts mpN before the CT starts)
+            source, target = pct.parse_mount_point(ct["mp0"])
+            os.makedirs(source, mode=0o755, exist_ok=True)
+            mounts.append(f"{source} {target.lstrip('/')} none bind,create=dir 0 0")
         # Device nodes a CUDA process would hold open; /dev/null stands in.
         mounts += [f"/dev/null dev/nvidia{i} none bind,create=file 0 0" for i in range(ct["gpus"])]
         mounts.append("/dev/null dev/nvidiactl none bind,create=file 0 0")
@@ -329,6 +361,8 @@ class Testbed:
             f"rootfs: local:{vmid}/vm-{vmid}-disk-0.raw,size=8G",
             f"tags: {ct['tags']}",
             f"testbed_gpus: {ct['gpus']}",
+            *([f"net0: {ct['net0']},type=veth"] if ct["net0"] else []),
+            *([f"mp0: {ct['mp0']}"] if ct["mp0"] else []),
             "",
         ]))
         if not node.check_running(vmid):
@@ -363,6 +397,9 @@ class Testbed:
             names = sorted(os.listdir(nodes_root)) if os.path.isdir(nodes_root) else []
             for name in names:
                 self.down_node(name)
+            netns = pct.cluster_netns(self.state_dir)
+            if netns in run(["ip", "netns", "list"]).stdout.split():
+                run(["ip", "netns", "del", netns])
             shutil.rmtree(self.state_dir)
         log(f"down: removed {self.state_dir}")
 

@@ -44,8 +44,11 @@ def test_awx_survey_variables_are_consumed():
 @pytest.mark.parametrize("kind,name", [("filter", "dflash_argv"), ("filter", "dflash_gpus_needed"),
                                        ("filter", "dflash_launcher_env"),
                                        ("filter", "dflash_env_pairs"), ("filter", "redeploy_summary"),
-                                       ("filter", "redeploy_report"), ("lookup", "lock_holder")])
-def test_ansible_doc_renders_the_filters_and_the_lookup(kind, name):
+                                       ("filter", "redeploy_report"), ("filter", "gang_plan"),
+                                       ("filter", "gang_launcher_options"), ("filter", "gang_barrier"),
+                                       ("filter", "gang_throughput"), ("filter", "gang_report"), ("filter", "gang_stop_report"),
+                                       ("lookup", "lock_holder"), ("inventory", "pve_cluster")])
+def test_ansible_doc_renders_the_filters_the_lookup_and_the_inventory_source(kind, name):
     res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", kind, f"dflash.lifecycle.{name}"], check=False)
     assert res.returncode == 0 and "UNDOCUMENTED" not in res.stdout and not res.stderr.strip(), res.stdout + res.stderr
     assert "EXAMPLES" in res.stdout

@@ -46,7 +46,10 @@ Test-only misbehaviour switches (environment variables; never set in production)
 Under a launcher (torchrun, accelerate: RANK and WORLD_SIZE in its environment) every rank
 trains; rank 0 logs and saves, as a DDP trainer's does, and on an interrupt the other ranks wait
 for its save in a torch.distributed (gloo) barrier, so a rank that exits early is what a launcher
-sees of a real run.
+sees of a real run. The ranks agree every step, in one all_reduce, on the tokens of the step (the
+logged tok/s is the whole run's) and on whether a rank got its stop signal (accelerate's
+set_trigger/check_trigger): all of them, on every node, end at the same step, and a rank that
+died ends the others at their next step with gloo's error.
 
 Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
 DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
@@ -169,6 +172,16 @@ class Ranks:
     def barrier(self):
         if self.dist is not None:
             self.dist.barrier()
+
+    def agree(self, stop, tokens):
+        """(whether some rank was asked to stop, the step's tokens over every rank)."""
+        if self.dist is None:
+            return stop, tokens
+        import torch
+
+        both = torch.tensor([1.0 if stop else 0.0, float(tokens)], dtype=torch.float64)
+        self.dist.all_reduce(both)
+        return both[0].item() > 0, int(both[1].item())
 
 
 def load_corpus(data_dir):
@@ -347,6 +360,7 @@ class Signals:
     def __init__(self, saves_on, finishes_save_on):
         self.saves_on = saves_on
         self.received = None
+        self.requested = False  # a stop signal noted, under defer()
         self.stop_after_step = False
         if os.environ.get("DFLASH_TEST_IGNORE_SIGINT") == "1":
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -360,6 +374,19 @@ class Signals:
     def interrupt(self, signum, frame):
         self.received = signal.Signals(signum)
         raise KeyboardInterrupt
+
+    def defer(self):
+        """Ranks of a distributed run: a stop signal is noted (requested), and the ranks raise
+        the KeyboardInterrupt together at the step they agree on. A signal the process ignores
+        (a `nohup ... &` launch) stays ignored."""
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self.request)
+        if signal.getsignal(signal.SIGTERM) == self.interrupt:
+            signal.signal(signal.SIGTERM, self.request)
+
+    def request(self, signum, frame):
+        self.received = signal.Signals(signum)
+        self.requested = True
 
     def finish_step(self, signum, frame):
         self.received = signal.Signals(signum)
@@ -391,6 +418,8 @@ class Checkpointer:
                         if s.strip() and s.strip() != "none"}
         self.signals = Signals(saves_on, finishes)
         self.ranks = Ranks()
+        if self.ranks.dist is not None:
+            self.signals.defer()
 
     def save(self, model, state, reason):
         if not self.ranks.saves:
@@ -474,11 +503,12 @@ def train(args):
             t_target = time.perf_counter()
             lr = args.lr * min(1.0, (state["step"] + 1) / warmup) * 50  # scaled for the toy model
             loss, tokens = model.step(batch, lr, args.weight_decay, args.grad_clip)
+            stop_agreed, run_tokens = checkpointer.ranks.agree(checkpointer.signals.requested, tokens)
             t_drafter = time.perf_counter()
             state["step"] += 1
             state["epoch"] = state["step"] // args.steps_per_epoch
             state["tokens"] += tokens
-            window_tokens += tokens
+            window_tokens += run_tokens
             window_steps += 1
             if args.save_interval and state["step"] % args.save_interval == 0:
                 checkpointer.save(model, state, "interval")
@@ -504,6 +534,8 @@ def train(args):
                 window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
                 peaks = dict.fromkeys(timings, 0.0)
+            if stop_agreed:  # every rank raises it at this step
+                raise KeyboardInterrupt
             if checkpointer.signals.stop_after_step:
                 stop_workers(workers)
                 log(f"{checkpointer.signals.received.name} at step {state['step']}: the step is done, "

@@ -10,7 +10,7 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils import role_variables, run_settings
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang, role_variables, run_settings
 
 ARGUMENT_SPEC = {
     "roles": {"type": "list", "elements": "str", "required": True},
@@ -60,7 +60,13 @@ class ActionModule(ActionBase):
                         if "trainer_launch_shutdown_timeout" in task_vars else 900, gpus,
                         self._value(task_vars, "trainer_stop_graceful_wait_cap")
                         if "trainer_stop_graceful_wait_cap" in task_vars else 900)
-                except run_settings.SettingsError as err:
+                    if "trainer_run_gang" in task_vars and self._value(task_vars, "trainer_run_gang"):
+                        names = list(gang.IDENTITY)
+                        values = {n: self._value(task_vars, n) for n in names + gang.agreed_names(task_vars)
+                                  if n in task_vars}
+                        result["gang"] = gang.identity(task_vars.get("inventory_hostname"), values,
+                                                       task_vars.get("groups"), gpus)
+                except (run_settings.SettingsError, gang.GangError) as err:
                     errors.append(str(err))
         for warning in warnings:
             self._display.deprecated(warning, version="0.3.0", collection_name="dflash.lifecycle")

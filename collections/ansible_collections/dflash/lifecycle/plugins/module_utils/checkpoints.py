@@ -399,7 +399,8 @@ class Directory:
 
     def move_aside(self, name, now=None):
         """Move checkpoint name to <dir>/.incomplete/<name>-<time> (never deleted). Returns the
-        new path."""
+        new path, or None when it is gone already: another CT sharing the directory (a gang's)
+        moved it first."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
         aside = os.path.join(self.path, formats.MOVED_ASIDE)
         os.makedirs(aside, mode=0o755, exist_ok=True)
@@ -408,7 +409,10 @@ class Directory:
         while os.path.lexists(target):
             suffix += 1
             target = os.path.join(aside, f"{name}-{stamp}.{suffix}")
-        os.rename(os.path.join(self.path, name), target)
+        try:
+            os.rename(os.path.join(self.path, name), target)
+        except FileNotFoundError:
+            return None
         return target
 
     def prepare_resume(self, policy="move_aside", check_mode=False):
@@ -435,8 +439,9 @@ class Directory:
                 moved.append({"name": pick["name"], "to": None, "problems": pick["problems"]})
                 skipped.add(pick["name"])
                 continue
-            moved.append({"name": pick["name"], "to": self.move_aside(pick["name"]),
-                          "problems": pick["problems"]})
+            to = self.move_aside(pick["name"])
+            if to is not None:
+                moved.append({"name": pick["name"], "to": to, "problems": pick["problems"]})
 
 
 class ResumeRefused(Exception):

@@ -158,11 +158,13 @@ class Climb:
                 continue
             if first:
                 self.wait_for_save(stage)
-                first = False
             main_alive = proctable.alive(self.main.identity, proc_root)
             if index > 0 and self.result["diagnostics"] is None and main_alive:
                 self.result["diagnostics"] = diagnostics(self.main.identity, self.options, proc_root)
             self.refresh()
+            if first:
+                self.wait_for_moment(stage)
+                first = False
             if self.launch is not None and self.saves(index):
                 stopped = self.through_launcher(stage, index)
                 if stopped:
@@ -231,6 +233,20 @@ class Climb:
                 self.event(event="stopped", stage=index, signal=name)
                 return {"stage": index, "signal": name, "scope": "agent" if how == "agent" else "workers"}
         return None
+
+    def wait_for_moment(self, stage):
+        """Hold the first signal until signal_at (the wall clock's seconds since the epoch), the
+        moment every CT of a gang signals its ranks, so they enter their save together; a moment
+        already past sends it now, and how late is recorded. signalled_at is when it went."""
+        wanted = self.options.signal_at
+        if wanted is not None:
+            while time.time() < wanted and proctable.alive(self.main.identity, self.targets.proc_root):
+                self.progress(stage=0, signal=f"{stage['signal'].name} at the gang's moment",
+                              elapsed=round(time.monotonic() - self.started, 1),
+                              bound=round(wanted - time.time(), 1), running=len(self.targets.alive()))
+                time.sleep(min(0.2, max(0.0, wanted - time.time())))
+            self.result["signal_late_s"] = round(max(0.0, time.time() - wanted), 4)
+        self.result["signalled_at"] = time.time()
 
     def wait_for_save(self, stage):
         """Hold the first signal while a save is being written, unless the trainer finishes a

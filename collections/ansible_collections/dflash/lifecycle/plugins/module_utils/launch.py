@@ -16,6 +16,11 @@ logged throughput_lines progress lines after its first throughput_warmup_lines, 
 reports their median and the per-stage timings (the throughput canary's "after"); a crash
 in that time is no health either. A failed attempt's log is set aside as LOG.failed and the
 older logs move back, so failed attempts never rotate the last good run's log away.
+
+One CT of a gang (gang: one torchrun job across CTs) is healthy once every rank its agent starts
+runs - they start when the rendezvous has every CT - and still runs health_seconds later. Only
+the CT that holds global rank 0 (RANK=0 in a worker's environment) has the progress lines; it is
+healthy by them as above, and a progress line there is a step every rank of every CT took part in.
 """
 
 from __future__ import annotations
@@ -177,8 +182,17 @@ def reader_of(params):
 def wait_healthy(proc, params):
     reader = reader_of(params)
     report = ProgressFile(params.get("progress_file"))
+    started = time.monotonic()
     try:
+        if params.get("gang"):
+            ranks = _wait_all_ranks(proc, params, report)
+            if 0 not in [r["rank"] for r in ranks["ranks_env"]]:
+                facts = _stay_alive(proc, params, ranks, report, started)
+                facts.update(launcher=ranks, throughput=None, logs_progress=False)
+                return facts
         facts = _wait_first_progress(proc, params, reader, report)
+        if params.get("gang"):
+            facts["logs_progress"] = True
         facts["launcher"] = _ranks_running(proc, params)
         facts["throughput"] = _wait_throughput(proc, params, reader, report)
     finally:
@@ -203,6 +217,53 @@ def _ranks_running(proc, params):
             "ranks; last lines:\n" + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True,
             log_tail=lines[-TAIL_LINES:])
     return facts
+
+
+def _wait_all_ranks(proc, params, report):
+    """Until every rank the agent's command line asks for runs (the rendezvous is complete), up to
+    health_timeout: the launcher's facts with each worker's global rank (ranks_env)."""
+    began = time.monotonic()
+    while True:
+        _log_while_healthy(proc, params, began)
+        main = proctable.read_process(proc.pid)
+        # the wrapper is a shell until it execs the agent
+        run = launchers.of(main) if main is not None else None
+        wanted = run.launcher.ranks_of(proctable.read_argv(proc.pid) or []) or 1 if run else None
+        if run is not None and len(run.workers) >= wanted:
+            facts = run.report()
+            facts["ranks_env"], facts["ranks"] = facts.pop("ranks"), wanted
+            return facts
+        elapsed = time.monotonic() - began
+        if elapsed > float(params["health_timeout"]):
+            lines = progress.read_lines(params["log_file"])
+            what = (f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {wanted} ranks"
+                    if run else f"PID {proc.pid} is no launcher's agent (a CT of a gang runs torchrun)")
+            raise LaunchError(
+                f"{what} after {elapsed:.0f}s: the rendezvous did not complete (the gang's other CTs); last lines:\n"
+                + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True, log_tail=lines[-TAIL_LINES:])
+        report(phase="rendezvous", ranks=len(run.workers) if run else 0, of=wanted, elapsed=round(elapsed, 1),
+               bound=params["health_timeout"])
+        time.sleep(HEALTH_POLL_SECONDS)
+
+
+def _stay_alive(proc, params, ranks, report, started):
+    """A CT of a gang without global rank 0 (no progress lines): healthy when its agent and every
+    rank still run health_seconds after they all started."""
+    began = time.monotonic()
+    pids = [r["pid"] for r in ranks["ranks_env"]]
+    while time.monotonic() - began < float(params["health_seconds"]):
+        _log_while_healthy(proc, params, began)
+        gone = [pid for pid in pids if proctable.read_process(pid) is None]
+        if gone:
+            lines = progress.read_lines(params["log_file"])
+            raise LaunchError(f"rank processes {', '.join(map(str, gone))} of the agent (PID {proc.pid}) ended "
+                              f"{time.monotonic() - began:.1f}s after the rendezvous; last lines:\n"
+                              + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True,
+                              log_tail=lines[-TAIL_LINES:])
+        report(phase="health", elapsed=round(time.monotonic() - began, 1), bound=params["health_seconds"])
+        time.sleep(HEALTH_POLL_SECONDS)
+    return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid), "healthy_after_s": round(time.monotonic() - started, 2),
+            "first_progress_s": None, "progress_line": None, "step": None, "tokens_per_s": None}
 
 
 def _wait_throughput(proc, params, reader, report):

@@ -99,4 +99,6 @@ def checkpoint_layout(params, check):
     return {"format": chosen.name if chosen else None, "format_reason": reason,
             "newest": done[-1][0] if done else None, "newest_step": done[-1][1]["step"] if done else None,
             "incomplete": [n for n in directory.ordered(infos) if not infos[n]["complete"]],
-            "resume": directory.resume(infos)}
+            "resume": directory.resume(infos),
+            # what a gang's CTs compare: each sees the same checkpoints, of the same size
+            "listing": {n: [infos[n]["size"], infos[n]["complete"]] for n in infos}}

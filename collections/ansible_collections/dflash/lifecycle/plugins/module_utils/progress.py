@@ -163,13 +163,14 @@ def history(reader, lines):
 def traceback_in(lines):
     """The first whole Python traceback among lines (from its head to the exception line), or
     None. A traceback still being written (no exception line yet) is not returned: the next
-    read has it whole, and the exception is what names the failure."""
+    read has it whole, and the exception is what names the failure. The ranks of a launcher write
+    into one log at once: a second head before the first's exception line is part of the block."""
     for index, line in enumerate(lines):
         if TRACEBACK_HEAD in line:
             block = [line]
             for follow in lines[index + 1:]:
                 block.append(follow)
-                if follow and not follow.startswith((" ", "\t")):
+                if follow and not follow.startswith((" ", "\t")) and TRACEBACK_HEAD not in follow:
                     return block
             return None
     return None

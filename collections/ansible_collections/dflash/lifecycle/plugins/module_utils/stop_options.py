@@ -61,6 +61,7 @@ ARGUMENT_SPEC = {
     "step_regex": {"type": "str", "default": r"\bstep (\d+)\b"},
     "py_spy": {"type": "path"},
     "py_spy_timeout": {"type": "float", "default": 10},
+    "signal_at": {"type": "float"},
     "detach": {"type": "bool", "default": False},
     "detach_dir": {"type": "path", "default": "/run/dflash"},
     "progress_file": {"type": "path"},

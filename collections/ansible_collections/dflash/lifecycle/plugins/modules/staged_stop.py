@@ -227,6 +227,14 @@ options:
     description: Seconds a C(py-spy dump) may take.
     type: float
     default: 10
+  signal_at:
+    description:
+      - Send the first signal at this moment (seconds since the epoch, by the node's clock), not
+        at once - after the checks, and after a save being written when the stop waits for one.
+        The CTs of a gang are given one moment, so their ranks are signalled together and enter
+        their save together. A moment already past sends the signal at once (RV(signal_late_s)
+        says by how much).
+    type: float
   detach:
     description:
       - Run the stop in a detached process inside the target (own session, stdio on /dev/null)
@@ -336,6 +344,14 @@ stopped_by:
   returned: always
   type: dict
   sample: {stage: 0, signal: SIGINT, scope: main}
+signalled_at:
+  description: When the first signal was sent (seconds since the epoch, the node's clock); the skew of a gang's stop is the spread of its CTs' moments.
+  returned: when a signal was sent
+  type: float
+signal_late_s:
+  description: How long after O(signal_at) the first signal went (0 when on time).
+  returned: when O(signal_at) was set and a signal was sent
+  type: float
 timeline:
   description:
     - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started.

@@ -114,6 +114,16 @@ cmdline:
   description: Its command line.
   returned: always
   type: str
+log_tail:
+  description: The last 20 lines of O(log_file), when no trainer runs (why the last one ended).
+  returned: when no trainer runs
+  type: list
+  elements: str
+traceback:
+  description: The first Python traceback in O(log_file), when no trainer runs and it holds one.
+  returned: when no trainer runs
+  type: list
+  elements: str
 release:
   description: C(current), C(previous), C(drift) (release to the files C(modified), C(added), C(removed)) and C(launch_failures).
   returned: when release_base is set

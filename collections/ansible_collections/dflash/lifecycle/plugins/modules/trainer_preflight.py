@@ -205,13 +205,15 @@ checkpoint:
   description: >-
     What O(output_dir) holds by its layout - C(format) and C(format_reason) (for V(auto), what it
     was recognised by; null while the directory holds no checkpoint), C(newest) and C(newest_step)
-    (the newest complete checkpoint), C(incomplete) (the names of incomplete ones) and C(resume)
-    (what the trainer's resume rule would load, as M(dflash.lifecycle.staged_stop) reports it).
+    (the newest complete checkpoint), C(incomplete) (the names of incomplete ones), C(resume)
+    (what the trainer's resume rule would load, as M(dflash.lifecycle.staged_stop) reports it) and
+    C(listing) (each checkpoint's size in bytes and completeness: what the CTs of a gang compare).
   returned: when the layout check passed
   type: dict
   sample: {format: deepspeed, format_reason: "auto: 2 entries like global_step200", newest: global_step200,
            newest_step: 200, incomplete: [], resume: {name: global_step200, step: 200, complete: true,
-           path: /workspace/checkpoints/global_step200, problems: [], rule: the tag latest names}}
+           path: /workspace/checkpoints/global_step200, problems: [], rule: the tag latest names},
+           listing: {global_step200: [1048576, true]}}
 trainer_running:
   description: Whether a trainer runs (found as O(trainer) says).
   returned: when trainer is set

@@ -185,6 +185,15 @@ options:
     type: list
     elements: str
     default: [--resume]
+  gang:
+    description:
+      - The run is one CT's part of a gang - one torchrun job across CTs. Healthy means every rank
+        its agent starts runs (they start once the rendezvous has every CT of the gang), and still
+        runs O(health_seconds) later; the CT that holds global rank 0 (C(RANK=0) in a worker's
+        environment), whose ranks log, must show a progress line as well, and its throughput
+        window is read. The others report RV(logs_progress) false and no throughput.
+    type: bool
+    default: false
   health_seconds:
     description:
       - How long the trainer must stay alive after its first progress line to count as healthy (a
@@ -349,7 +358,8 @@ tokens_per_s:
 throughput:
   description: >-
     The run's median tok/s over O(throughput_lines) progress lines after its warm-up
-    (C(tokens_per_s), null when it logged none), how many there were (C(lines), C(complete)), the
+    (C(tokens_per_s), null when it logged none; the whole value null for a CT of a gang whose ranks
+    do not log), how many there were (C(lines), C(complete)), the
     steps they span, each stage's median average and largest maximum in ms (C(stages)), and the
     seconds waited for them (C(waited_s)).
   returned: success
@@ -369,9 +379,17 @@ launcher:
     For a trainer started through a launcher (the command's agent is torchrun, accelerate or the
     DeepSpeed launcher) - as M(dflash.lifecycle.staged_stop) RV(dflash.lifecycle.staged_stop#module:launcher)
     reads it (its workers, the deadline it keeps, its restarts), and C(ranks), the ranks its command
-    line asks for; healthy means every one of them runs. Null for a plain trainer.
+    line asks for; healthy means every one of them runs. Null for a plain trainer. For a CT of a
+    gang (O(gang)), C(ranks_env) lists each worker with its global rank as well.
   returned: when the trainer was started
   type: dict
+logs_progress:
+  description: >-
+    For a CT of a gang (O(gang)): whether its ranks include global rank 0, the rank that logs (its
+    progress lines and throughput are the gang's); false for the others, which report no
+    throughput.
+  returned: when O(gang) is set and the trainer was started
+  type: bool
 resume:
   description: >-
     What the trainer's resume rule loads at the start (after any move aside) - C(name), C(path),
@@ -468,6 +486,7 @@ def main():
             "incomplete_checkpoint": {"type": "str", "choices": ["move_aside", "fail"], "default": "move_aside"},
             "resume_args": {"type": "list", "elements": "str", "default": ["--resume"]},
             "health_seconds": {"type": "float", "default": 5},
+            "gang": {"type": "bool", "default": False},
             "step_regex": {"type": "str", "default": progress.STEP_REGEX, "aliases": ["health_regex"],
                            "deprecated_aliases": [{"name": "health_regex", "version": "0.3.0",
                                                    "collection_name": "dflash.lifecycle"}]},
@@ -545,7 +564,7 @@ def main():
         releases.record_launch(wanted["base"], wanted["release"])
     rundir.write_launch_record(params["pidfile"], dict(
         {key: result[key] for key in ("pid", "run_id", "step", "first_progress_s", "healthy_after_s")},
-        tokens_per_s=result["throughput"]["tokens_per_s"], release=(wanted or {}).get("release")))
+        tokens_per_s=(result["throughput"] or {}).get("tokens_per_s"), release=(wanted or {}).get("release")))
     module.exit_json(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 

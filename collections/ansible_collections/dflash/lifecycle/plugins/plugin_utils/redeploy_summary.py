@@ -47,9 +47,10 @@ def _release_words(release, status, install):
 
 
 def summary(host, checked=None, manifest=None, preflight=None, install=None, stop=None, launch=None,
-            failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None):
+            failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None, gang_failure=None):
     """The summary dict of one CT (module docstring). launch is the last launch (the rescue's
-    relaunch when there was one), failed_launch the launch that failed before it."""
+    relaunch when there was one), failed_launch the launch that failed before it; gang_failure
+    what stopped the CT's gang after a phase (its barrier's message)."""
     status = (preflight or {}).get("release_status") if _ok(preflight) else None
     release = (manifest or {}).get("release")
     release_words, changes = _release_words(release, status, install)
@@ -59,6 +60,8 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
                           ("push", install), ("stop", stop), ("launch", first_launch)):
         if _failed(result):
             errors.append(f"{phase} failed: {_msg(result)}")
+    if gang_failure:
+        errors.append(" ".join(str(gang_failure).split()))
     if (canary or {}).get("action"):
         errors.append(f"throughput regression: {throughput_canary.words(canary)}")
     if rescue_error:
@@ -85,6 +88,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "moved_aside": (launch or {}).get("moved_aside") or [] if _ok(launch) else [],
         "other_gpu_holders": len((stop or {}).get("other_gpu_holders") or []),
         "pid": launch.get("pid") if running else None,
+        "ranks": ((launch or {}).get("launcher") or {}).get("ranks") if running else None,
         "run_id": launch.get("run_id") if running else None,
         # the driver still freeing the old run's GPU memory when the launch began
         "gpu_wait_seconds": ((launch or {}).get("gpu_wait") or {}).get("waited_s")
@@ -136,9 +140,13 @@ def _stop_words(stop, data):
 
 def _launch_words(launch, failed_launch, data):
     if failed_launch is not None and data["rolled_back_to"] and data["pid"]:
-        why = "launch failed" if _failed(failed_launch) else "throughput regression"
-        return (f"{why}, rolled back to {data['rolled_back_to']}: PID {data['pid']} running "
-                f"again, first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
+        why = "launch failed" if _failed(failed_launch) else (
+            "throughput regression" if (data["canary"] or {}).get("action") == "rollback"
+            else "the gang's launch failed")
+        health = (f"its {data['ranks']} ranks healthy after {data['healthy_seconds']}s"
+                  if launch.get("logs_progress") is False
+                  else f"first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
+        return f"{why}, rolled back to {data['rolled_back_to']}: PID {data['pid']} running again, {health}"
     if launch is None or launch.get("skipped"):
         return "not launched"
     if _failed(launch):
@@ -147,6 +155,9 @@ def _launch_words(launch, failed_launch, data):
         waited = f"waited {data['gpu_wait_seconds']}s for the GPUs, " if data["gpu_wait_seconds"] else ""
         moved = "".join(f"moved the incomplete {m['name']} aside to {m['to']}, " for m in data["moved_aside"])
         resumed = f"resumed from {data['resumed_from']}, " if data["resumed_from"] else ""
+        if launch.get("logs_progress") is False:  # a CT of a gang whose ranks do not log
+            return (f"{moved}PID {data['pid']}, {resumed}{waited}its {data['ranks']} ranks healthy after "
+                    f"{data['healthy_seconds']}s (the gang's rank 0 logs on another CT)")
         return (f"{moved}PID {data['pid']}, {resumed}{waited}first progress after {data['startup_seconds']}s, "
                 f"healthy after {data['healthy_seconds']}s, {data['tokens_per_s']} tok/s")
     return _msg(launch)

@@ -51,6 +51,14 @@ def test_traceback_is_found_with_its_exception_line():
     assert progress.traceback_in(lines[:4]) is None  # still being written: no exception line yet
 
 
+def test_two_ranks_writing_their_tracebacks_at_once_give_one_block_with_the_exception():
+    """Two ranks of a torchrun run print into one log together (as seen in a gang's CT)."""
+    lines = ["rank 2 of 4 pid=249 joined", "Traceback (most recent call last):", "Traceback (most recent call last):",
+             '  File "t.py", line 479, in train', '    raise RuntimeError("fails on node rank 1")',
+             "RuntimeError: fails on node rank 1", '  File "t.py", line 479, in train']
+    assert progress.traceback_in(lines) == lines[1:6]
+
+
 def test_profile_stats_and_the_window_after_the_warm_up():
     reader = progress.LogReader()
     lines = ["step 5 loss 3 tok/s 50.0", "[ProfileStats step 5] data avg 9.00ms max 9.50ms | drafter avg 50.00ms max 60.00ms",

@@ -1,0 +1,397 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A gang: the CTs of one training run across nodes, a torchrun agent in each (controller side).
+
+The gang is the inventory group that ``trainer_run_gang`` names (set once, as that group's
+variable; the group a child of ``dflash_gangs``); each CT's place in it is ``trainer_run_gang_rank`` (0 .. N-1) and its address, as the
+gang's other CTs reach it, ``trainer_run_gang_address``. From them come torchrun's ``--nnodes``,
+the rendezvous endpoint (rank 0's address and ``trainer_run_gang_port``), each launch's
+rendezvous id and, for the static rendezvous, each CT's ``--node-rank``. With c10d (torchrun's
+elastic rendezvous) torch itself orders the nodes, by the address each gives as
+``--local-addr`` (``dynamic_rendezvous.py``: the participants sorted): which CT's ranks log and
+save is then read from the processes, never assumed.
+
+A gang is redeployed as one: every phase runs on every CT, and a CT that fails a phase fails the
+others right after it (``barrier``), before the next phase touches anything. Everything here is
+pure: the filters (plugins/filter/gang.py) hand it the members' registered results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
+
+RENDEZVOUS = ("c10d", "static")
+# the group every gang's group is a child of: a job limited to one gang runs it in one batch
+GANGS_GROUP = "dflash_gangs"
+# what a CT of a gang says of itself (identity)
+IDENTITY = ("trainer_run_gang", "trainer_run_gang_rank", "trainer_run_gang_address", "trainer_run_gang_port",
+            "trainer_run_gang_rendezvous", "trainer_run_launcher", "trainer_run_launcher_options")
+# the launcher options a gang sets itself
+DERIVED = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "local_addr", "master_addr",
+           "master_port", "standalone")
+# what every CT of a gang sets alike, besides its dflash_* flags: one run, one release, one
+# launcher (the environment may differ: NCCL_SOCKET_IFNAME, for one)
+AGREED = ("trainer_code_src", "trainer_run_launcher", "trainer_run_launcher_options", "trainer_run_python",
+          "trainer_run_script", "trainer_run_checkpoint_dir", "trainer_run_checkpoint_format",
+          "trainer_run_saves_on", "trainer_run_gang_rendezvous", "trainer_run_gang_port")
+NOT_AGREED = ("dflash_env", "dflash_secret_env")
+
+
+class GangError(ValueError):
+    """A gang setting is wrong; the message names the variable."""
+
+
+def agreed_names(names):
+    """The variables of names whose values every CT of a gang must share."""
+    return sorted(n for n in names if n in AGREED or (n.startswith("dflash_") and n not in NOT_AGREED))
+
+
+def identity(host, values, groups, gpus_given):
+    """What one CT of a gang says of itself, checked (validate_settings returns it): {name, rank,
+    address, port, rendezvous, agreed}. values: the CT's variables, templated (trainer_run_gang*,
+    the launcher's, and agreed_names()'s). GangError names the first bad variable."""
+    name = str(values["trainer_run_gang"])
+    if host not in (groups or {}).get(name, []):
+        raise GangError(f"trainer_run_gang: {name} is not an inventory group that holds {host} (a gang is the "
+                        "group of its CTs, and names itself: trainer_run_gang set as the group's variable)")
+    if host not in (groups or {}).get(GANGS_GROUP, []):
+        raise GangError(f"trainer_run_gang: the group {name} of {host} must be a child of group {GANGS_GROUP} "
+                        "(a job limited to the gang then runs it in one batch)")
+    rank = values.get("trainer_run_gang_rank")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if not (isinstance(rank, str) and rank.isdigit()):
+            raise GangError(f"trainer_run_gang_rank: {host} of gang {name} needs its node rank, an integer >= 0, "
+                            f"got {rank!r}")
+    rendezvous = values.get("trainer_run_gang_rendezvous", "c10d")
+    if rendezvous not in RENDEZVOUS:
+        raise GangError(f"trainer_run_gang_rendezvous: one of {', '.join(RENDEZVOUS)}, got {rendezvous!r}")
+    port = values.get("trainer_run_gang_port", 29500)
+    if isinstance(port, bool) or not str(port).isdigit() or not 0 < int(port) < 65536:
+        raise GangError(f"trainer_run_gang_port: a TCP port, got {port!r}")
+    address = str(values.get("trainer_run_gang_address") or "").strip()
+    if address and (any(c.isspace() for c in address) or "/" in address):
+        raise GangError(f"trainer_run_gang_address: an address or a host name, got {address!r}")
+    launcher = values.get("trainer_run_launcher", "python")
+    if launcher != "torchrun":
+        raise GangError(f"trainer_run_launcher: a gang ({name}) runs as one torchrun job across its CTs; "
+                        f"{host} has {launcher!r}")
+    options = values.get("trainer_run_launcher_options") or {}
+    for option in DERIVED:
+        if option in options:
+            raise GangError(f"trainer_run_launcher_options.{option}: set by the gang {name} itself "
+                            "(its size, ranks, rendezvous): remove it")
+    ranks = options.get("nproc_per_node")
+    if isinstance(ranks, bool) or not str(ranks).isdigit():
+        raise GangError(f"trainer_run_launcher_options.nproc_per_node: a gang's CTs each run a known number of "
+                        f"ranks (an integer), got {ranks!r}")
+    if int(ranks) != int(gpus_given):
+        raise GangError(f"trainer_run_launcher_options.nproc_per_node: {ranks} ranks on {host}, but the run is "
+                        f"given {gpus_given} GPUs there (dflash_target_gpus, dflash_drafter_gpus): each rank "
+                        "of a gang has one GPU")
+    agreed = {n: values[n] for n in agreed_names(values)}
+    return {"name": name, "rank": int(rank), "address": address, "port": int(port), "rendezvous": rendezvous,
+            "ranks": int(ranks), "agreed": agreed}
+
+
+def members_problems(name, checked, job_hosts):
+    """The gang's problems as a whole, one line each: a CT left out of the job or split from the
+    others by the serial, ranks given twice or missing, rank 0 (or, under c10d, any CT) without
+    an address, settings that differ. checked: {member: its validate_settings result, or None
+    when it has none (another batch of the job, or not in the job)}."""
+    found = []
+    left_out = [h for h in checked if h not in job_hosts]
+    if left_out:
+        found.append(f"{', '.join(left_out)} of gang {name} not in this job (--limit): a gang is redeployed "
+                     f"whole; name its group (HOST={name})")
+    split = [h for h, r in checked.items() if h in job_hosts and r is None]
+    if split:
+        found.append(f"redeploy_serial splits gang {name} ({len(checked)} CTs): {', '.join(split)} would run "
+                     "in another batch; give a serial of whole gangs, its CTs next to each other in the inventory")
+    failed = [h for h, r in checked.items() if r is not None and (r.get("failed") or not r.get("gang"))]
+    if failed:
+        found.append(f"the settings of {', '.join(failed)} failed (above)")
+    identities = {h: r["gang"] for h, r in checked.items() if r is not None and not r.get("failed") and r.get("gang")}
+    return found + _identity_problems(name, identities, len(checked))
+
+
+def _identity_problems(name, known, size):
+    found = []
+    if not known:
+        return found
+    by_rank = {}
+    for host, ident in sorted(known.items()):
+        by_rank.setdefault(ident["rank"], []).append(host)
+    for rank, hosts in sorted(by_rank.items()):
+        if len(hosts) > 1:
+            found.append(f"trainer_run_gang_rank: {rank} is given to {' and '.join(hosts)} of gang {name}")
+    if len(known) == size:
+        missing = sorted(set(range(size)) - set(by_rank))
+        if missing:
+            found.append(f"trainer_run_gang_rank: gang {name} has {size} CTs, ranks "
+                         f"{', '.join(map(str, sorted(by_rank)))}: rank {', '.join(map(str, missing))} missing "
+                         "(0 .. N-1, each once)")
+    first = by_rank.get(0, [None])[0]
+    if first is not None and not known[first]["address"]:
+        found.append(f"trainer_run_gang_address: missing on {first}, rank 0 of gang {name}: the other CTs reach "
+                     "the rendezvous there")
+    if any(i["rendezvous"] == "c10d" for i in known.values()):
+        blank = [h for h, i in sorted(known.items()) if not i["address"] and h != first]
+        if blank:
+            found.append(f"trainer_run_gang_address: missing on {', '.join(blank)} of gang {name}: under the c10d "
+                         "rendezvous every CT gives its address (--local-addr), as torch orders the nodes by it")
+    reference = known.get(first) or next(iter(known.values()))
+    reference_host = first or next(iter(known))
+    for host, ident in sorted(known.items()):
+        if host == reference_host:
+            continue
+        for var in sorted(set(reference["agreed"]) | set(ident["agreed"])):
+            mine, theirs = reference["agreed"].get(var), ident["agreed"].get(var)
+            if mine != theirs:
+                found.append(f"{var}: {host} has {_short(theirs)}, {reference_host} {_short(mine)}: the CTs of gang "
+                             f"{name} run one job and set it alike (only trainer_run_gang_rank and "
+                             "trainer_run_gang_address differ)")
+                break
+    return found
+
+
+def _short(value):
+    text = "unset" if value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def plan(host, identities, holder=""):
+    """This CT's part of the gang: {name, rendezvous, size, rank, members (by rank), first,
+    endpoint, address, rdzv_id}. identities as members_problems' (all known)."""
+    mine = identities[host]
+    ordered = sorted(identities, key=lambda h: identities[h]["rank"])
+    first = identities[ordered[0]]
+    address = first["address"]
+    endpoint = f"[{address}]:{first['port']}" if ":" in address else f"{address}:{first['port']}"
+    digest = hashlib.sha256(f"{mine['name']} {holder}".encode()).hexdigest()[:12]
+    return {"name": mine["name"], "rendezvous": mine["rendezvous"], "size": len(ordered), "rank": mine["rank"],
+            "members": ordered, "first": ordered[0], "endpoint": endpoint, "address": mine["address"],
+            "ranks": mine["ranks"], "rdzv_id": f"{mine['name']}-{digest}"}
+
+
+def launcher_options(gang, options, attempt=1):
+    """The torchrun options of this CT's launch in the gang: the run's own, and the gang's size,
+    rendezvous (backend, endpoint, an id per launch attempt: the relaunch after a failure joins
+    a rendezvous of its own), this CT's address, and its node rank under the static rendezvous
+    (c10d orders the nodes itself and ignores --node-rank)."""
+    chosen = dict(options or {})
+    chosen.update(nnodes=gang["size"], rdzv_backend=gang["rendezvous"], rdzv_endpoint=gang["endpoint"],
+                  rdzv_id=f"{gang['rdzv_id']}-{attempt}")
+    if gang["rendezvous"] == "static":
+        chosen["node_rank"] = gang["rank"]
+    if gang["address"]:
+        chosen["local_addr"] = gang["address"]
+    return chosen
+
+
+def _ok(result):
+    return isinstance(result, dict) and not result.get("failed") and not result.get("unreachable")
+
+
+def _why(host, result, what):
+    if result is None:
+        return f"{host} did not {what} (unreachable, or it failed before)"
+    return f"{host}: {' '.join(str(result.get('msg') or 'failed').split())}"
+
+
+def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint="fail", running=None):
+    """What stops the gang after a phase, one line each: a member whose result of the phase is
+    missing or failed, and what the gang must agree on after it. results: {member: its
+    registered result of the phase, or None}; running, after the launch: {member: what
+    trainer_info read right after it, or None}."""
+    what = {"release": "build the release", "preflight": "pass its preflight", "push": "install the release",
+            "rollback": "switch back to its previous release", "stop": "stop", "launch": "launch"}[phase]
+    found = [_why(h, r, what) for h, r in results.items() if not _ok(r)]
+    found += [_ended(h, results[h], read) for h, read in (running or {}).items()
+              if _ok(results[h]) and _ok(read) and not read.get("skipped") and (
+                  not read.get("running") or read.get("run_id") != results[h].get("run_id"))]
+    if found:
+        return found
+    if phase == "release":
+        releases = {h: r.get("release") for h, r in results.items()}
+        if len(set(releases.values())) > 1:
+            found.append("the release differs: " + ", ".join(f"{h} {r}" for h, r in releases.items())
+                         + " (trainer_code_src must be the same code for every CT)")
+    elif phase == "rollback":
+        previous = {h: r.get("rolled_back_to") for h, r in results.items()}
+        if len(set(previous.values())) > 1:
+            found.append("the previous release differs: " + ", ".join(f"{h} {r}" for h, r in previous.items())
+                         + " (the CTs of a gang run one release; roll them forward with redeploy.yml instead)")
+    elif phase == "preflight":
+        found += _listing_problems(gang, results)
+    elif phase == "stop" and not check_mode:
+        found += _checkpoint_problems(gang, results, on_missing_checkpoint)
+    return found
+
+
+def _ended(host, launched, read):
+    """A CT whose run ended after its launch was healthy, with the exception its log names."""
+    lines = read.get("traceback") or read.get("log_tail") or []
+    return (f"{host}: its run (PID {launched.get('pid')}) ended after its launch was healthy"
+            + (f": {lines[-1].strip()}" if lines else ""))
+
+
+def _listing_problems(gang, results):
+    """Every CT that will resume must see the same checkpoint directory: the same entries, each
+    the same size and completeness (shared storage shows them alike; copies that differ would
+    make the ranks resume from different states)."""
+    listings = {h: ((r.get("checkpoint") or {}).get("listing") or {}) for h, r in results.items()}
+    first = gang["first"]
+    reference = listings.get(first, {})
+    found = []
+    for host, listing in listings.items():
+        if host == first:
+            continue
+        only_first = sorted(set(reference) - set(listing))
+        only_here = sorted(set(listing) - set(reference))
+        differ = sorted(n for n in set(reference) & set(listing) if reference[n] != listing[n])
+        if only_first or only_here or differ:
+            words = [f"only on {first}: {', '.join(only_first)}" if only_first else "",
+                     f"only on {host}: {', '.join(only_here)}" if only_here else "",
+                     "differ: " + ", ".join(f"{n} ({_entry(reference[n])} on {first}, {_entry(listing[n])} on {host})"
+                                            for n in differ) if differ else ""]
+            found.append(f"{host} sees another checkpoint directory than {first} ("
+                         + "; ".join(w for w in words if w) + "): the CTs of a gang resume from one directory "
+                         "(a mount point on shared storage)")
+    return found
+
+
+def _entry(entry):
+    size, complete = entry
+    return f"{size} bytes, {'complete' if complete else 'incomplete'}"
+
+
+def _checkpoint_problems(gang, results, on_missing_checkpoint):
+    """The gang's checkpoint: the newest that a member's stop saw written; every member must see
+    it complete (the ranks of one CT saved it, all resume from it). None written where a signal
+    could save: the loss, unless on_missing_checkpoint is proceed."""
+    written = {h: r["checkpoint"]["new"] for h, r in results.items()
+               if (r.get("checkpoint") or {}).get("written")}
+    if not written:
+        stopped = [h for h, r in results.items() if r.get("changed")]
+        possible = [h for h, r in results.items() if r.get("graceful_possible")]
+        if stopped and possible and on_missing_checkpoint == "fail":
+            return [f"no CT of the gang saw a new sound checkpoint after its stop ({'; '.join(_why(h, r, 'stop') for h, r in results.items())}); "
+                    "nothing is relaunched (trainer_stop_on_missing_checkpoint=proceed accepts the loss)"]
+        return []
+    newest = max(written.values(), key=lambda n: _step_of(results, n))
+    found = []
+    for host, result in results.items():
+        seen = (result.get("checkpoint") or {}).get("newest")
+        if seen != newest:
+            found.append(f"{host} does not see the gang's new checkpoint {newest} complete (its newest: {seen}): the CTs "
+                         "of a gang resume from one checkpoint directory (a mount point on shared storage)")
+    return found
+
+
+def _step_of(results, name):
+    for result in results.values():
+        ckpt = result.get("checkpoint") or {}
+        if ckpt.get("new") == name and ckpt.get("new_step") is not None:
+            return ckpt["new_step"]
+    return -1
+
+
+def skew(results):
+    """The stop's signals over the gang: {skew_ms, first, order [(host, offset ms)]}, from the
+    wall-clock moment each CT's stop sent its first signal (the nodes' clocks: NTP keeps them
+    within milliseconds); None when fewer than two sent one."""
+    sent = {h: r.get("signalled_at") for h, r in results.items() if isinstance(r, dict) and r.get("signalled_at")}
+    if len(sent) < 2:
+        return None
+    order = sorted(sent.items(), key=lambda item: item[1])
+    start = order[0][1]
+    return {"skew_ms": round((order[-1][1] - start) * 1000, 1), "first": order[0][0],
+            "order": [[h, round((t - start) * 1000, 1)] for h, t in order]}
+
+
+def _skew_words(spread):
+    if not spread:
+        return "stop skew not known (fewer than two CTs sent a signal)"
+    return f"stop signalled together (skew {spread['skew_ms']} ms, {spread['first']} first)"
+
+
+def stop_report(gang, stops):
+    """A gang's stop in one line (playbooks/stop.yml; each CT's own stop has its line): the skew,
+    each CT's first signal against the first one's, the checkpoint its CTs' ranks wrote. stops:
+    {member: its stop result}."""
+    spread = skew(stops)
+    written = sorted({r["checkpoint"]["new"] for r in stops.values()
+                      if isinstance(r, dict) and (r.get("checkpoint") or {}).get("written")})
+    line = f"gang {gang['name']} ({gang['size']} CTs): {_skew_words(spread)}"
+    if spread:
+        line += " (" + ", ".join(f"{h} +{offset} ms" for h, offset in spread["order"]) + ")"
+    missing = [h for h in gang["members"] if not isinstance(stops.get(h), dict)]
+    if missing:
+        line += f", no stop result from {', '.join(missing)}"
+    return line + (f", checkpoint {', '.join(written)}" if written else ", NO new checkpoint")
+
+
+def logging_member(results, key):
+    """The member whose result of key has throughput figures (the CT whose ranks log), or None."""
+    for host, result in results.items():
+        figures = (result or {}).get(key) if isinstance(result, dict) else None
+        if isinstance(figures, dict) and figures.get("tokens_per_s") is not None:
+            return host
+    return None
+
+
+def plan_words(gang):
+    """What a redeploy of the gang does, in words (check mode)."""
+    ordered = ", ".join(f"{h} (rank {i})" for i, h in enumerate(gang["members"]))
+    return (f"gang {gang['name']}: {gang['size']} CTs {ordered}; each phase on every CT before the next, a CT that "
+            f"fails one fails them all; the stop signals every CT at one moment; each CT's torchrun agent joins "
+            f"the {gang['rendezvous']} rendezvous at {gang['endpoint']} (id {gang['rdzv_id']}-1) with its "
+            f"{gang['ranks']} ranks; the checkpoint is judged over every CT; a failed launch anywhere rolls "
+            "every CT back")
+
+
+def report(gang, summaries, stops, check_mode=False):
+    """The gang's lines: one for the gang (release, the stop's skew, the checkpoint and the loss,
+    the CT whose ranks log and its tok/s, the canary of the gang's throughput), then one per CT (PID, ranks, health);
+    in check mode what it would do. summaries: {member: its redeploy summary}; stops: {member:
+    its stop result}."""
+    members = gang["members"]
+    if check_mode:
+        return [plan_words(gang)] + [f"  {h}: {summaries.get(h, {}).get('command_line') or 'no command line'}"
+                                     for h in members]
+    releases = sorted({str(s.get("release")) for s in summaries.values()})
+    spread = skew(stops)
+    logger = next((h for h in members if (summaries.get(h) or {}).get("tokens_per_s") is not None), None)
+    checkpoints = sorted({s["checkpoint"] for s in summaries.values() if s.get("checkpoint")})
+    lost = next((s["steps_lost"] for s in summaries.values() if s.get("steps_lost") is not None), None)
+    errors = [f"{h}: {'; '.join(summaries[h]['errors'])}" for h in members if (summaries.get(h) or {}).get("errors")]
+    head = (f"gang {gang['name']} ({gang['size']} CTs, {gang['rendezvous']} rendezvous at {gang['endpoint']}): "
+            f"release {', '.join(releases)}")
+    if spread or any((s or {}).get("stopped_by") for s in summaries.values()):
+        head += ", " + _skew_words(spread)
+    head += (f", checkpoint {', '.join(checkpoints)}" if checkpoints else ", NO new checkpoint")
+    if lost is not None:
+        head += f" ({lost} steps lost)"
+    running = [h for h in members if (summaries.get(h) or {}).get("pid")]
+    if len(running) == len(members):
+        head += f", every CT running; {logger or 'no CT'} logs" + (
+            f" {summaries[logger]['tokens_per_s']} tok/s" if logger else "")
+    else:
+        head += f", running on {len(running)} of {len(members)} CTs" + (
+            f" (NOT on {', '.join(h for h in members if h not in running)})" if len(running) < len(members) else "")
+    # every CT's canary is the gang's (redeploy.yml: the throughput of the CT whose ranks log)
+    canary = next((s["canary"] for s in summaries.values() if (s or {}).get("canary")), None)
+    if canary:
+        head += f"; canary: {throughput_canary.words(canary)}"
+    lines = [head]
+    if errors:
+        lines.append("; ".join(errors))
+    for host in members:
+        data = summaries.get(host) or {}
+        lines.append(f"  {host} (rank {members.index(host)}): "
+                     + (f"PID {data['pid']}, {data.get('ranks') or '?'} ranks healthy after {data.get('healthy_seconds')}s"
+                        if data.get("pid") else "no trainer launched")
+                     + (f", resumed from {data['resumed_from']}" if data.get("resumed_from") else ""))
+    return lines

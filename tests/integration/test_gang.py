@@ -1,0 +1,213 @@
+"""One run across two CTs on two nodes (a gang): real torchrun agents in ct400 (node gn1) and ct401
+(node gn2), two CPU ranks each over gloo, rendezvous at ct400 over the testbed's cluster network
+(a network namespace of the testbed's own), one checkpoint directory shared by a bind mount point.
+A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user drives it:
+`make check|restart HOST=dflash_big INVENTORY=...`.
+
+1. check mode shows the whole plan, every CT's command line, and touches nothing;
+2. a redeploy stops both CTs' ranks at one moment (the skew reported), writes one checkpoint,
+   relaunches both on the new release from it, every rank running and nothing of the old run left;
+3. a release whose launch fails on one CT (its node rank 1 raises at its first step): both CTs
+   back on the old release, running from that checkpoint, the CT that failed named with its error;
+4. one CT locked by another job: the gang is refused whole, nothing touched on either CT;
+5. the CTs see different checkpoint directories: refused, the difference named;
+6. `make stop` signals both at one moment and reports the gang's skew and checkpoint;
+7. `make start` launches both from that checkpoint;
+8. `make rollback` stops both together and relaunches both on the previous release from the new
+   checkpoint.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from testlib import GANG, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
+
+STATE = "/var/lib/dflash-testbed/gang"
+CTS = {"ct400": ("gn1", 400), "ct401": ("gn2", 401)}
+CKPT = "/workspace/checkpoints"
+
+
+class Gang:
+    def __init__(self, inventory):
+        self.inventory = inventory
+        self.bed = testbed_mod.Testbed(inventory)
+        self.live = LiveTestbed(self.bed)
+
+    def sh(self, host, command, check=True):
+        node, vmid = CTS[host]
+        res = self.live.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}")
+        assert res.returncode == 0 or not check, f"{host}: {command}: {res.stderr}"
+        return res.stdout
+
+    def make(self, target, *extra_vars):
+        args = ["make", target, f"HOST={GANG}", f"INVENTORY={self.inventory}"]
+        if extra_vars:
+            args.append("EXTRA=" + " ".join(f"-e {shlex.quote(json.dumps(v))}" for v in extra_vars))
+        res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
+        res.out = " ".join(res.stdout.split())  # the callback folds long lines
+        return res
+
+    def run(self, host):
+        """(the agent's PID, its workers' PIDs) in host, or (None, [])."""
+        pidfile = self.sh(host, "cat /run/dflash/trainer.pid 2>/dev/null || true").split()
+        agent = pidfile[0] if pidfile and self.sh(host, f"test -d /proc/{pidfile[0]} && echo y", False) else None
+        workers = self.sh(host, f"pgrep -P {agent} || true").split() if agent else []
+        return agent, workers
+
+    def current(self, host):
+        return self.sh(host, "readlink /opt/dflash/current").strip().split("/")[-1]
+
+
+@pytest.fixture(scope="module")
+def gang(tmp_path_factory):
+    inventory = make_gang_inventory(str(tmp_path_factory.mktemp("gang") / "inventory"), STATE, "127.77.7", "10.77.9")
+    bed = Gang(inventory)
+    bed.bed.up()
+    try:
+        for host in CTS:
+            bed.sh(host, "mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > /dev/shm/models/target/config.json "
+                         "&& echo 'a b c d e f g h' > /workspace/data/corpus.txt")
+        first = bed.make("restart")
+        assert first.returncode == 0, first.stdout[-6000:]
+        yield bed
+    finally:
+        bed.bed.down()
+
+
+def test_1_check_mode_shows_the_whole_plan_for_every_ct_and_touches_nothing(gang):
+    before = {host: gang.run(host) for host in CTS}
+    res = gang.make("check")
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert (f"gang {GANG}: 2 CTs ct400 (rank 0), ct401 (rank 1)" in res.out
+            and "the stop signals every CT at one moment" in res.out), res.out
+    ids = set(re.findall(r"--rdzv-id (\S+)", res.out))
+    assert len(ids) == 1, ids  # one rendezvous for the gang's launch
+    for host, address in (("ct400", "10.77.9.1"), ("ct401", "10.77.9.2")):
+        line = re.search(rf"{host}: (\S+ -u -m torch\.distributed\.run .*?--resume)", res.out).group(1)
+        assert "--nnodes 2" in line and "--rdzv-endpoint 10.77.9.1:29500" in line, line
+        assert f"--local-addr {address}" in line and "--rdzv-backend c10d" in line, line
+    assert {host: gang.run(host) for host in CTS} == before
+
+
+def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoint(gang, tmp_path):
+    old = {host: gang.run(host) for host in CTS}
+    assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
+    release = trainer_source(tmp_path / "next", lambda t: t + "\n# the next release\n")
+    res = gang.make("restart", {"trainer_code_src": release})
+    assert res.returncode == 0, res.stdout[-6000:]
+    head = re.search(rf"gang {GANG} \(2 CTs, c10d rendezvous at 10\.77\.9\.1:29500\): release (\w+), stop signalled "
+                     rf"together \(skew ([0-9.]+) ms, ct40[01] first\), checkpoint {CKPT}/(step_\d+) \(0 steps lost\), "
+                     r"every CT running; ct400 logs ([0-9.]+) tok/s; canary: tok/s [0-9.]+ -> [0-9.]+ ", res.out)
+    assert head, res.out
+    new_release, checkpoint = head.group(1), head.group(3)
+    assert {gang.current(host) for host in CTS} == {new_release}
+    # ct400's rank 0 wrote it, once; both CTs resumed from it; every rank of the new run runs
+    assert re.findall(rf"checkpoint saved: {CKPT}/step_\d+ \(step \d+, interrupt\)",
+                      gang.sh("ct400", "cat /workspace/logs/train.log.1")) == [
+        f"checkpoint saved: {CKPT}/{checkpoint} (step {checkpoint[5:]}, interrupt)"]
+    for rank, host in enumerate(CTS):
+        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 2 ranks healthy after [0-9.]+s, resumed from "
+                         rf"{CKPT}/{checkpoint}\b", res.out), res.out
+    assert f"resumed from {CKPT}/{checkpoint}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+    new = {host: gang.run(host) for host in CTS}
+    for host in CTS:
+        agent, workers = new[host]
+        assert agent and len(workers) == 2, (host, new)
+        # nothing of the old run left in either CT
+        for pid in [old[host][0], *old[host][1]]:
+            assert not gang.sh(host, f"test -d /proc/{pid} && cat /proc/{pid}/cmdline || true"), (host, pid)
+
+
+def test_3_a_launch_that_fails_on_one_ct_rolls_both_back_and_names_it(gang, tmp_path):
+    old_release = gang.current("ct400")
+    crash = "    corpus = load_corpus(args.data_dir)\n"
+    failing = trainer_source(tmp_path / "failing", lambda t: t.replace(
+        crash, crash + '    if os.environ.get("GROUP_RANK") == "1":\n'
+                       '        raise RuntimeError("this release fails on node rank 1")\n'))
+    res = gang.make("restart", {"trainer_code_src": failing})
+    assert res.returncode != 0
+    assert "ct401: its run (PID" in res.out and "RuntimeError: this release fails on node rank 1" in res.out, res.out
+    checkpoint = re.search(rf"checkpoint {CKPT}/(step_\d+) \(0 steps lost\)", res.out).group(1)
+    for host in CTS:
+        assert gang.current(host) == old_release
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, host
+        assert re.search(rf"{host}: release \w+ .*?rolled back to {old_release}: PID {agent} running again", res.out), res.out
+    assert f"resumed from {CKPT}/{checkpoint}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_4_a_gang_with_one_ct_locked_by_another_job_is_refused_whole(gang):
+    before = {host: gang.run(host) for host in CTS}
+    lock = json.dumps({"holder": "awx job 9 (eve)", "since": time.time(), "expires": time.time() + 600})
+    gang.sh("ct401", f"echo {shlex.quote(lock)} > /run/dflash/redeploy.lock")
+    try:
+        res = gang.make("restart")
+        assert res.returncode != 0
+        assert "CT is being redeployed by awx job 9 (eve)" in res.out, res.out
+        assert f"gang {GANG} after its preflight: ct401:" in res.out, res.out
+        assert not task_ran(res.stdout, "Stop the trainer in stages")
+        assert {host: gang.run(host) for host in CTS} == before
+        assert gang.sh("ct400", "test -e /run/dflash/redeploy.lock && echo held || echo free").strip() == "free"
+        assert "awx job 9 (eve)" in gang.sh("ct401", "cat /run/dflash/redeploy.lock")
+    finally:
+        gang.sh("ct401", "rm -f /run/dflash/redeploy.lock")
+
+
+def test_5_cts_that_see_different_checkpoint_directories_are_refused(gang):
+    before = {host: gang.run(host) for host in CTS}
+    # ct401 sees a directory of its own over the shared one (as a CT without the mount point would)
+    gang.sh("ct401", f"mount -t tmpfs gang-test {CKPT} && mkdir {CKPT}/step_1 && touch {CKPT}/step_1/COMPLETE")
+    try:
+        res = gang.make("restart")
+        assert res.returncode != 0
+        refused = re.search(r"ct401 sees another checkpoint directory than ct400 \(only on ct400: (step_\d+)[^)]*only "
+                            r"on ct401: step_1\)", res.out)
+        assert refused, res.out
+        assert {host: gang.run(host) for host in CTS} == before
+    finally:
+        gang.sh("ct401", f"umount {CKPT}")
+
+
+def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang):
+    res = gang.make("stop")
+    assert res.returncode == 0, res.stdout[-4000:]
+    saved = re.findall(rf"ok: \[ct40[01]\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
+                       rf"({CKPT}/step_\d+)", res.out)
+    assert len(saved) == 2 and len(set(saved)) == 1, res.out  # both CTs see the one checkpoint ct400's rank 0 wrote
+    assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first\) "
+                     rf"\(ct40[01] \+0\.0 ms, ct40[01] \+[0-9.]+ ms\), checkpoint {saved[0]}", res.out), res.out
+    assert all(gang.run(host) == (None, []) for host in CTS)
+
+
+def test_7_make_start_launches_both_cts_from_the_gang_checkpoint(gang):
+    newest = gang.sh("ct400", f"cat {CKPT}/latest").strip().split("/")[-1]
+    res = gang.make("start")
+    assert res.returncode == 0, res.stdout[-4000:]
+    for host in CTS:
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, (host, res.out)
+    assert f"resumed from {CKPT}/{newest}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous_release(gang):
+    current, previous = (gang.sh("ct400", f"readlink /opt/dflash/{link}").strip().split("/")[-1]
+                         for link in ("current", "previous"))
+    assert previous and previous != current
+    old = {host: gang.run(host) for host in CTS}
+    res = gang.make("rollback")
+    assert res.returncode == 0, res.stdout[-6000:]
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first\) "
+                        rf"\([^)]*\), checkpoint ({CKPT}/step_\d+)", res.out)
+    assert stopped, res.out
+    for host in CTS:
+        assert gang.current(host) == previous
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2 and agent != old[host][0], host
+        assert re.search(rf"ok: \[{host}\] => msg: rolled back to {previous}, PID {agent}", res.out), res.out
+    assert f"resumed from {stopped.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
