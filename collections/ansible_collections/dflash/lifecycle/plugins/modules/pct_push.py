@@ -15,7 +15,8 @@ description:
     temporary copy in the same SSH session, whatever C(pct push) said.
   - Three SSH sessions on the node and no Python there; C(ansible.builtin.copy) followed by a
     C(pct push) command and a clean-up task would start three modules.
-  - C(pct push) can exit 0 without writing the file (see DESIGN.md); verify the file in the CT
+  - C(pct push) can exit 0 without writing the file (pve-container's CLI has no upid exit handler
+    for it; docs/architecture.md of this project); verify the file in the CT
     afterwards, for example with M(dflash.lifecycle.trainer_release) O(dflash.lifecycle.trainer_release#module:archive_sha256).
 options:
   src:
