@@ -69,15 +69,16 @@ class ParamError(PctError):
         super().__init__("\n".join(lines) + "\n\n" + USAGE[command] + "\n")
 
 
-def parse_net(value):
-    """{key: value} of a netN property (PVE::LXC::Config's net format: name=eth0,bridge=vmbr0,...)."""
+def parse_property_string(value):
+    """{key: value} of a property string (PVE::JSONSchema parse_property_string: a netN's
+    name=eth0,bridge=vmbr0,..., the options of an mpN)."""
     return dict(item.split("=", 1) for item in value.split(",") if "=" in item)
 
 
 def parse_mount_point(value):
     """(volume or host directory, path in the CT) of an mpN property ('<volume>,mp=<path>,...')."""
     volume, *options = value.split(",")
-    found = parse_net(",".join(options))
+    found = parse_property_string(",".join(options))
     if "mp" not in found:
         raise PctError(f"invalid mount point '{value}': no mp=<path>\n")
     return volume, found["mp"]
@@ -169,7 +170,8 @@ class Node:
         CT as its distribution's network setup would. The bridge lives in the testbed's cluster
         network namespace, so the pair is made there: the host's own network is never touched."""
         conf = self.load_config(vmid)
-        nics = sorted((int(key[3:]), parse_net(value)) for key, value in conf.items() if re.match(r"^net\d+$", key))
+        nics = sorted((int(key[3:]), parse_property_string(value))
+                      for key, value in conf.items() if re.match(r"^net\d+$", key))
         if not nics:
             return
         netns = cluster_netns(os.path.dirname(os.path.dirname(self.dir)))

@@ -194,7 +194,7 @@ class Testbed:
         """The cluster network: a network namespace of this instance holding every bridge a CT's
         net0 names (the nodes' vmbrN, joined as a switch would join them). No host interface is
         in it and nothing in it routes out: CT-to-CT traffic stays in namespaces the testbed made."""
-        bridges = {pct.parse_net(ct["net0"])["bridge"] for node in self.nodes.values()
+        bridges = {pct.parse_property_string(ct["net0"])["bridge"] for node in self.nodes.values()
                    for ct in node["cts"].values() if ct["net0"]}
         if not bridges:
             return
@@ -305,7 +305,7 @@ class Testbed:
         write(os.path.join(etc, "hostname"), f"{hostname}\n")
         # PVE::LXC::Setup::Base update_etc_hosts: the CT's name on its static address (net0's
         # ip), else on 127.0.1.1, in a section of its own
-        address = pct.parse_net(ct["net0"]).get("ip", "").split("/")[0] if ct["net0"] else ""
+        address = pct.parse_property_string(ct["net0"]).get("ip", "").split("/")[0] if ct["net0"] else ""
         write(os.path.join(etc, "hosts"), "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
                                           f"# --- BEGIN PVE ---\n{address or '127.0.1.1'} {hostname}\n"
                                           "# --- END PVE ---\n")

@@ -35,7 +35,6 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import ProgressFile, check_secure_dir, secure_dir, write_atomic
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
-TAIL_LINES = 20
 HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
 
 
@@ -200,6 +199,12 @@ def wait_healthy(proc, params):
     return facts
 
 
+def _still_running_failure(proc, what, lines):
+    """The LaunchError for a run that still runs but is not healthy: what, then its log's last lines."""
+    tail = lines[-progress.TAIL_LINES:]
+    return LaunchError(f"{what}; last lines:\n" + "\n".join(tail), pid=proc.pid, running=True, log_tail=tail)
+
+
 def _ranks_running(proc, params):
     """A launcher's run (module_utils/launchers.py) is healthy when every rank its agent's command
     line asks for runs: the agent, its workers and the deadline it would keep; None for a plain
@@ -211,11 +216,9 @@ def _ranks_running(proc, params):
     facts = run.report()
     facts["ranks"] = run.launcher.ranks_of(proctable.read_argv(proc.pid) or [])
     if facts["ranks"] and len(run.workers) < facts["ranks"]:
-        lines = progress.read_lines(params["log_file"])
-        raise LaunchError(
-            f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {facts['ranks']} "
-            "ranks; last lines:\n" + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True,
-            log_tail=lines[-TAIL_LINES:])
+        raise _still_running_failure(
+            proc, f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {facts['ranks']} "
+            "ranks", progress.read_lines(params["log_file"]))
     return facts
 
 
@@ -224,7 +227,7 @@ def _wait_all_ranks(proc, params, report):
     health_timeout: the launcher's facts with each worker's global rank (ranks_env)."""
     began = time.monotonic()
     while True:
-        _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began)
         main = proctable.read_process(proc.pid)
         # the wrapper is a shell until it execs the agent
         run = launchers.of(main) if main is not None else None
@@ -235,12 +238,10 @@ def _wait_all_ranks(proc, params, report):
             return facts
         elapsed = time.monotonic() - began
         if elapsed > float(params["health_timeout"]):
-            lines = progress.read_lines(params["log_file"])
             what = (f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {wanted} ranks"
                     if run else f"PID {proc.pid} is no launcher's agent (a CT of a gang runs torchrun)")
-            raise LaunchError(
-                f"{what} after {elapsed:.0f}s: the rendezvous did not complete (the gang's other CTs); last lines:\n"
-                + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True, log_tail=lines[-TAIL_LINES:])
+            raise _still_running_failure(
+                proc, f"{what} after {elapsed:.0f}s: the rendezvous did not complete (the gang's other CTs)", lines)
         report(phase="rendezvous", ranks=len(run.workers) if run else 0, of=wanted, elapsed=round(elapsed, 1),
                bound=params["health_timeout"])
         time.sleep(HEALTH_POLL_SECONDS)
@@ -252,14 +253,12 @@ def _stay_alive(proc, params, ranks, report, started):
     began = time.monotonic()
     pids = [r["pid"] for r in ranks["ranks_env"]]
     while time.monotonic() - began < float(params["health_seconds"]):
-        _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began)
         gone = [pid for pid in pids if proctable.read_process(pid) is None]
         if gone:
-            lines = progress.read_lines(params["log_file"])
-            raise LaunchError(f"rank processes {', '.join(map(str, gone))} of the agent (PID {proc.pid}) ended "
-                              f"{time.monotonic() - began:.1f}s after the rendezvous; last lines:\n"
-                              + "\n".join(lines[-TAIL_LINES:]), pid=proc.pid, running=True,
-                              log_tail=lines[-TAIL_LINES:])
+            raise _still_running_failure(
+                proc, f"rank processes {', '.join(map(str, gone))} of the agent (PID {proc.pid}) ended "
+                f"{time.monotonic() - began:.1f}s after the rendezvous", lines)
         report(phase="health", elapsed=round(time.monotonic() - began, 1), bound=params["health_seconds"])
         time.sleep(HEALTH_POLL_SECONDS)
     return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid), "healthy_after_s": round(time.monotonic() - started, 2),
@@ -303,11 +302,10 @@ def _wait_first_progress(proc, params, reader, report):
                     "first_progress_s": round(seen_at - began, 2), "progress_line": seen[2],
                     "step": seen[0], "tokens_per_s": seen[1]}
         if now > deadline:
-            raise LaunchError(
-                f"the trainer (PID {proc.pid}) was not healthy within {params['health_timeout']}s "
+            raise _still_running_failure(
+                proc, f"the trainer (PID {proc.pid}) was not healthy within {params['health_timeout']}s "
                 "(no progress line with a step number and a throughput figure, followed by "
-                f"{settle}s alive); it is still running. Last lines:\n" + "\n".join(lines[-TAIL_LINES:]),
-                pid=proc.pid, running=True, log_tail=lines[-TAIL_LINES:])
+                f"{settle}s alive); it is still running", lines)
         report(phase="health", elapsed=round(now - began, 1), bound=params["health_timeout"],
                progress_line=seen is not None)
         time.sleep(HEALTH_POLL_SECONDS)
@@ -329,8 +327,8 @@ def _unhealthy(proc, code, lines, began, params):
         return LaunchError(
             f"the trainer (PID {proc.pid}) exited with status {code} after "
             f"{time.monotonic() - began:.1f}s; last lines of {params['log_file']}:\n"
-            + "\n".join(lines[-TAIL_LINES:]),
-            pid=proc.pid, exit_status=code, running=False, log_tail=lines[-TAIL_LINES:])
+            + "\n".join(lines[-progress.TAIL_LINES:]),
+            pid=proc.pid, exit_status=code, running=False, log_tail=lines[-progress.TAIL_LINES:])
     traceback = progress.traceback_in(lines)
     if traceback:
         try:
@@ -340,12 +338,12 @@ def _unhealthy(proc, code, lines, began, params):
         if code is not None:
             return LaunchError(
                 f"the trainer (PID {proc.pid}) printed a Python traceback and exited with status "
-                f"{code} after {time.monotonic() - began:.1f}s:\n" + "\n".join(traceback[-TAIL_LINES:]),
+                f"{code} after {time.monotonic() - began:.1f}s:\n" + "\n".join(traceback[-progress.TAIL_LINES:]),
                 pid=proc.pid, exit_status=code, running=False, traceback=traceback,
-                log_tail=lines[-TAIL_LINES:])
+                log_tail=lines[-progress.TAIL_LINES:])
         return LaunchError(
             f"the trainer (PID {proc.pid}) printed a Python traceback after "
             f"{time.monotonic() - began:.1f}s; it is still running (tearing down):\n"
-            + "\n".join(traceback[-TAIL_LINES:]),
-            pid=proc.pid, running=True, traceback=traceback, log_tail=lines[-TAIL_LINES:])
+            + "\n".join(traceback[-progress.TAIL_LINES:]),
+            pid=proc.pid, running=True, traceback=traceback, log_tail=lines[-progress.TAIL_LINES:])
     return None

@@ -33,6 +33,8 @@ THROUGHPUT_PATTERNS = (
 PROFILE_LINE_REGEX = r"ProfileStats"
 PROFILE_STAGE_REGEX = r"(?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms"
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+# the lines of a log a failure report quotes
+TAIL_LINES = 20
 # the line the launch writes at the head of each run's log: which release the run is
 LAUNCH_LINE = re.compile(r"dflash-lifecycle: launch of release (?P<release>\S+) \(run (?P<run>\w+)\)")
 # a progress line's time, when the trainer starts its lines with one (2026-11-30 10:00:01)

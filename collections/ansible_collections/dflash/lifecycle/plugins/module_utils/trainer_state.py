@@ -19,8 +19,6 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils import (
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
 
-TAIL_LINES = 20
-
 
 def throughput(log_file, step_regex, patterns, lines, history=0):
     """The last progress line's step and figure, the median of the last `lines` figures, and
@@ -53,7 +51,7 @@ def read(params, proc_root="/proc"):
                      run_id=proctable.read_environ(main.pid, proc_root).get(RUN_ID_ENV))
     else:  # why it ended, as its log says
         lines = progress.read_lines(params["log_file"])
-        state.update(log_tail=lines[-TAIL_LINES:], traceback=progress.traceback_in(lines) or None)
+        state.update(log_tail=lines[-progress.TAIL_LINES:], traceback=progress.traceback_in(lines) or None)
     if params.get("release_base"):
         installed = releases.status(params["release_base"])
         state["release"] = {key: installed[key] for key in ("current", "previous", "drift", "launch_failures")}
