@@ -64,6 +64,19 @@ def example_settings():
     return {k[len("dflash_"):]: v for k, v in group_vars.items() if k.startswith("dflash_")}
 
 
+def agrees_with_the_framework(name, info, loaded, reads):
+    """Whether the project's verdict on checkpoint name (info: its step, complete, problems)
+    agrees with the framework's loader (loaded: the step it loads, or None; reads: the files its
+    resume reads): complete exactly when it loads at that step, or incomplete for damage only in
+    files that resume never opens (the project wants every file whole: stricter than the loader,
+    never looser). No reads: the checkpoint is one file, which the loader reads whole."""
+    loads = loaded is not None and loaded == info["step"]
+    if bool(info["complete"]) == loads:
+        return True
+    named = {problem.split(": ", 1)[0] for problem in info["problems"]}
+    return loads and bool(reads) and bool(info["problems"]) and not named & {*reads, name}
+
+
 def make_testbed_inventory(root, state_dir, nodes, cts, settings=None, groups=None):
     """A testbed of its own: inventory/testbed copied to root with its state in state_dir, the
     nodes {name: loopback address} and the CTs {host: host vars (pve_node, ansible_pct_vmid,

@@ -335,6 +335,19 @@ def safetensors_load(path):
     return found
 
 
+def read_file(path):
+    """The content of a checkpoint file, by its kind, as its framework's loader reads it."""
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    if path.endswith(".safetensors"):
+        return safetensors_load(path)
+    if path.endswith(".metadata"):
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+    return torch_load(path)
+
+
 def json_save(path, obj, pace):
     _write_chunks(path, json.dumps(obj, indent=2).encode(), pace)
 
@@ -368,6 +381,9 @@ class Layout:
     name = ""
     files = 1
     finishes_save_on = ()
+    # the files of a checkpoint directory its framework's resume reads (each must load); the
+    # others it writes (tokenizer files, the model code, ...) a resume never opens
+    resume_reads = ()
 
     def __init__(self, output_dir, kib=64):
         self.output_dir = output_dir
@@ -378,6 +394,11 @@ class Layout:
 
     def optimizer(self):
         return {"state": {0: {"exp_avg": payload(self.kib)}}, "param_groups": [{"lr": 6e-4, "params": [0]}]}
+
+    def read_resume(self, path):
+        """{file: its content} of every file in resume_reads, read as the framework's resume
+        does: a missing or cut one raises."""
+        return {name: read_file(os.path.join(path, name)) for name in self.resume_reads}
 
 
 class HFTrainer(Layout):
@@ -391,6 +412,10 @@ class HFTrainer(Layout):
     name = "hf_trainer"
     files = 11
     save_total_limit = 3
+    # Trainer._load_from_checkpoint (config.json parsed, the weights), _load_optimizer_and_scheduler,
+    # _load_rng_state, TrainerState.load_from_json
+    resume_reads = ("config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+                    "trainer_state.json")
 
     def save(self, state, weights, pace):
         final = self.path(f"checkpoint-{state['step']}")
@@ -421,10 +446,10 @@ class HFTrainer(Layout):
         return self.path(max(numbered)[1]) if numbered else None
 
     def load(self, path):
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as handle:
-            saved = json.load(handle)
-        values = safetensors_load(os.path.join(path, "model.safetensors"))["weights"]
-        return {"step": saved["global_step"], "epoch": saved["epoch"], "tokens": saved["tokens"]}, values
+        found = self.read_resume(path)
+        saved = found["trainer_state.json"]
+        return ({"step": saved["global_step"], "epoch": saved["epoch"], "tokens": saved["tokens"]},
+                found["model.safetensors"]["weights"])
 
 
 class Lightning(Layout):
@@ -476,6 +501,8 @@ class DeepSpeed(Layout):
 
     name = "deepspeed"
     files = 4
+    # load_checkpoint: _load_checkpoint (the module states), _load_zero_checkpoint (the optimizer's)
+    resume_reads = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt")
 
     def save(self, state, weights, pace):
         tag = f"global_step{state['step']}"
@@ -498,7 +525,7 @@ class DeepSpeed(Layout):
             return None
 
     def load(self, path):
-        obj = torch_load(os.path.join(path, "mp_rank_00_model_states.pt"))
+        obj = self.read_resume(path)["mp_rank_00_model_states.pt"]
         return ({"step": obj["global_steps"], "epoch": obj["epoch"], "tokens": obj["global_samples"]},
                 obj["module"]["weights"])
 
@@ -511,6 +538,8 @@ class DCP(Layout):
 
     name = "dcp"
     files = 3
+    # dcp.load: the metadata, then every item of the state dict (model and optimizer) from its file
+    resume_reads = (".metadata", "__0_0.distcp", "__0_1.distcp")
 
     def save(self, state, weights, pace):
         final = self.path(f"step-{state['step']}")
@@ -529,10 +558,10 @@ class DCP(Layout):
         return self.path(max(done)[1]) if done else None
 
     def load(self, path):
-        with open(os.path.join(path, ".metadata"), "rb") as handle:
-            meta = pickle.load(handle)
-        weights = torch_load(os.path.join(path, "__0_0.distcp"))["weights"]
-        return {"step": meta["step"], "epoch": meta["epoch"], "tokens": meta["tokens"]}, weights
+        found = self.read_resume(path)
+        meta = found[".metadata"]
+        return ({"step": meta["step"], "epoch": meta["epoch"], "tokens": meta["tokens"]},
+                found["__0_0.distcp"]["weights"])
 
 
 class SpecForgeScripts(Layout):
@@ -544,6 +573,8 @@ class SpecForgeScripts(Layout):
 
     name = "specforge_scripts"
     files = 4
+    # the training state (torch.load), the draft model's from_pretrained (config, weights)
+    resume_reads = ("training_state.pt", "config.json", "model.safetensors")
 
     def save(self, state, weights, pace):
         final = self.path(f"epoch_{state['epoch']}_step_{state['step']}")
@@ -566,9 +597,10 @@ class SpecForgeScripts(Layout):
         return self.path(max(found)[2]) if found else None
 
     def load(self, path):
-        saved = torch_load(os.path.join(path, "training_state.pt"))
-        weights = safetensors_load(os.path.join(path, "model.safetensors"))["weights"]
-        return {"step": saved["global_step"], "epoch": saved["epoch"], "tokens": saved["tokens"]}, weights
+        found = self.read_resume(path)
+        saved = found["training_state.pt"]
+        return ({"step": saved["global_step"], "epoch": saved["epoch"], "tokens": saved["tokens"]},
+                found["model.safetensors"]["weights"])
 
 
 class SpecForge(Layout):
@@ -580,6 +612,8 @@ class SpecForge(Layout):
 
     name = "specforge"
     files = 2
+    # CheckpointManager.load: the shared training state and this rank's (its rank_state)
+    resume_reads = ("training_state.pt", "training_state_rank0.pt")
     run_id = "dflash"
     max_checkpoints = 3
 
@@ -607,7 +641,7 @@ class SpecForge(Layout):
         return os.path.realpath(link) if os.path.islink(link) else None
 
     def load(self, path):
-        saved = torch_load(os.path.join(path, "training_state.pt"))
+        saved = self.read_resume(path)["training_state.pt"]
         return ({"step": saved["step"], "epoch": saved["epoch"], "tokens": saved["tokens"]},
                 saved["model"]["weights"])
 
@@ -631,7 +665,8 @@ def writes_of_a_save(name, scratch):
 
 def judge(name, output_dir, paths):
     """What the framework itself finds: the checkpoint its resume picks and the step that loads
-    (None when it does not load), and for each path the step it loads."""
+    (None when it does not load), for each path the step it loads, and the files its resume
+    reads (reads)."""
     if name == "step_dirs":
         import train_dflash_pipeline as trainer  # beside this file
 
@@ -640,9 +675,10 @@ def judge(name, output_dir, paths):
 
         def load(path):
             return trainer.load_checkpoint(path, trainer.Model())
+        reads = ("model.json", "trainer_state.json")
     else:
         layout = named(name, output_dir)
-        resume_path, load = layout.resume_path, lambda path: layout.load(path)[0]
+        resume_path, load, reads = layout.resume_path, lambda path: layout.load(path)[0], layout.resume_reads
 
     def loads(path):
         try:
@@ -652,7 +688,7 @@ def judge(name, output_dir, paths):
 
     pick = resume_path()
     return {"pick": os.path.basename(pick) if pick else None, "pick_loads": loads(pick) if pick else None,
-            "loads": {path: loads(path) for path in paths}}
+            "loads": {path: loads(path) for path in paths}, "reads": list(reads)}
 
 
 def main(argv):

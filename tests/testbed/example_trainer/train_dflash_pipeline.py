@@ -40,6 +40,9 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       comma-separated, or none); default: the layout's own
                                       (SIGINT for step_dirs, none for the frameworks')
   DFLASH_TEST_CHECKPOINT_KB=N         the frameworks' optimizer state per save (default 64)
+  DFLASH_TEST_INTERVAL_SAVES=N        only the first N periodic saves of the run: a later stop
+                                      never lands on the step of one (an interrupt save of
+                                      that step would rewrite it in place)
   DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
                                       reparented to PID 1) that holds GPU 0 until killed
 
@@ -486,6 +489,7 @@ def train(args):
     if env.get("DFLASH_TEST_SETSID_HELPER") == "1":
         start_setsid_helper()
     crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"
+    interval_saves_left = int(env.get("DFLASH_TEST_INTERVAL_SAVES", "-1"))  # -1: no end
     total_steps = args.epochs * args.steps_per_epoch
     warmup = max(1, int(total_steps * args.warmup_ratio))
     window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
@@ -510,8 +514,9 @@ def train(args):
             state["tokens"] += tokens
             window_tokens += run_tokens
             window_steps += 1
-            if args.save_interval and state["step"] % args.save_interval == 0:
+            if args.save_interval and state["step"] % args.save_interval == 0 and interval_saves_left:
                 checkpointer.save(model, state, "interval")
+                interval_saves_left -= 1
             t_optim = time.perf_counter()
             spare = step_seconds - (time.perf_counter() - began)
             if spare > 0:  # the wait of a step is the target model's forward here

@@ -275,7 +275,7 @@ class Layout:
     def marker_problems(self, directory, name, path, files):
         """Problems beyond the files themselves: the layout's own marker, and (whatever the
         layout) torch.distributed.checkpoint data without the .metadata DCP renames into place last."""
-        found = _dcp_problems(files)
+        found = _dcp_problems(path, files)
         if self.marker and self.marker not in files:
             found.append(f"no {self.marker} ({self.title} writes it last: the save did not finish)")
         for need in self.required:
@@ -324,8 +324,32 @@ def _has_dcp_metadata(files):
         re.match(r"^__\d+\.metadata$", os.path.basename(f)) for f in files)
 
 
-def _dcp_problems(files):
-    return [NO_DCP_METADATA] if any(f.endswith(".distcp") for f in files) and not _has_dcp_metadata(files) else []
+def _dcp_problems(path, files):
+    """DCP data without its metadata, or rewritten after it. The coordinator writes .metadata
+    once every rank's data is written, so data newer than it is a later save into the same
+    checkpoint (an interrupt save at a periodic save's step, in place): the data the metadata
+    describes is overwritten, cut short where that save did not finish. (Mtimes tick with the
+    kernel's coarse clock, a few ms: a later save cut within that tick of the finish is not seen.)"""
+    data = sorted(f for f in files if f.endswith(".distcp"))
+    if not data:
+        return []
+    if not _has_dcp_metadata(files):
+        return [NO_DCP_METADATA]
+    metadata = [_mtime_ns(os.path.join(path, f)) for f in files
+                if re.match(r"^(__\d+)?\.metadata$", os.path.basename(f))]
+    written = max((m for m in metadata if m is not None), default=None)
+    if written is None:  # torchtitan's HF index: no DCP metadata to compare with
+        return []
+    later = [f for f in data if (_mtime_ns(os.path.join(path, f)) or 0) > written]
+    return [f"{', '.join(later)} written after .metadata (a later save into this checkpoint: the data "
+            ".metadata describes is overwritten, cut short if that save did not finish)"] if later else []
+
+
+def _mtime_ns(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def _present(files, pattern):
@@ -506,7 +530,7 @@ class DCP(Layout):
     resume_rule = "the highest step-N holding .metadata"
 
     def marker_problems(self, directory, name, path, files):
-        return [] if _has_dcp_metadata(files) else [NO_DCP_METADATA]
+        return _dcp_problems(path, files) if _has_dcp_metadata(files) else [NO_DCP_METADATA]
 
     def resume_pick(self, directory, infos):
         done = [n for n in infos if os.path.exists(os.path.join(directory, n, ".metadata"))]

@@ -174,6 +174,20 @@ def test_dcp_data_without_its_metadata_is_incomplete_in_any_layout(tmp_path):
     assert formats.layout("dcp").marker_problems(str(tmp_path), "step-5", str(tmp_path), {"__0.metadata"}) == []
 
 
+def test_dcp_data_rewritten_after_its_metadata_is_named(tmp_path):
+    """DCP writes .metadata once all data is written: data newer than it is a later save into the
+    same step-N (in place), whatever it left, and the metadata of before no longer describes it."""
+    for name, ns in ((".metadata", 2_000), ("__0_0.distcp", 1_000), ("__1_0.distcp", 3_000)):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, ns=(ns, ns))
+    files = {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    (problem,) = formats.layout("dcp").marker_problems(str(tmp_path), "step-5", str(tmp_path), files)
+    assert problem.startswith("__1_0.distcp written after .metadata")
+    assert formats.layout("step_dirs").marker_problems(str(tmp_path), "step_5", str(tmp_path), files) == [problem]
+    os.utime(tmp_path / ".metadata", ns=(3_000, 3_000))
+    assert formats.layout("dcp").marker_problems(str(tmp_path), "step-5", str(tmp_path), files) == []
+
+
 def test_damage_of_any_shape_is_a_problem_never_an_error(tmp_path):
     import random
     rng = random.Random(5)
