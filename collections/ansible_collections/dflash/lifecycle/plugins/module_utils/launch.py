@@ -205,16 +205,24 @@ def _still_running_failure(proc, what, lines):
     return LaunchError(f"{what}; last lines:\n" + "\n".join(tail), pid=proc.pid, running=True, log_tail=tail)
 
 
+def _launcher_run(proc):
+    """(the launcher's run the started process is, module_utils/launchers.py, and the ranks its
+    command line asks for, None when it does not say); (None, None) for a plain trainer, or a
+    wrapper shell that has not exec'd the agent yet."""
+    main = proctable.read_process(proc.pid)
+    run = launchers.of(main) if main is not None else None
+    return run, (run.launcher.ranks_of(proctable.read_argv(proc.pid) or []) if run else None)
+
+
 def _ranks_running(proc, params):
     """A launcher's run (module_utils/launchers.py) is healthy when every rank its agent's command
     line asks for runs: the agent, its workers and the deadline it would keep; None for a plain
     trainer."""
-    main = proctable.read_process(proc.pid)
-    run = launchers.of(main) if main is not None else None
+    run, asked = _launcher_run(proc)
     if run is None:
         return None
     facts = run.report()
-    facts["ranks"] = run.launcher.ranks_of(proctable.read_argv(proc.pid) or [])
+    facts["ranks"] = asked
     if facts["ranks"] and len(run.workers) < facts["ranks"]:
         raise _still_running_failure(
             proc, f"the {run.launcher.title} agent (PID {proc.pid}) runs {len(run.workers)} of its {facts['ranks']} "
@@ -228,10 +236,8 @@ def _wait_all_ranks(proc, params, report):
     began = time.monotonic()
     while True:
         lines = _log_while_healthy(proc, params, began)
-        main = proctable.read_process(proc.pid)
-        # the wrapper is a shell until it execs the agent
-        run = launchers.of(main) if main is not None else None
-        wanted = run.launcher.ranks_of(proctable.read_argv(proc.pid) or []) or 1 if run else None
+        run, asked = _launcher_run(proc)
+        wanted = (asked or 1) if run else None
         if run is not None and len(run.workers) >= wanted:
             facts = run.report()
             facts["ranks_env"], facts["ranks"] = facts.pop("ranks"), wanted

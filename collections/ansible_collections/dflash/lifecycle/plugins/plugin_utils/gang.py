@@ -60,10 +60,9 @@ def identity(host, values, groups, gpus_given):
         raise GangError(f"trainer_run_gang: the group {name} of {host} must be a child of group {GANGS_GROUP} "
                         "(a job limited to the gang then runs it in one batch)")
     rank = values.get("trainer_run_gang_rank")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        if not (isinstance(rank, str) and rank.isdigit()):
-            raise GangError(f"trainer_run_gang_rank: {host} of gang {name} needs its node rank, an integer >= 0, "
-                            f"got {rank!r}")
+    if isinstance(rank, bool) or not str(rank).isdigit():
+        raise GangError(f"trainer_run_gang_rank: {host} of gang {name} needs its node rank, an integer >= 0, "
+                        f"got {rank!r}")
     rendezvous = values.get("trainer_run_gang_rendezvous", "c10d")
     if rendezvous not in RENDEZVOUS:
         raise GangError(f"trainer_run_gang_rendezvous: one of {', '.join(RENDEZVOUS)}, got {rendezvous!r}")
@@ -379,8 +378,8 @@ def report(gang, summaries, stops, check_mode=False):
         head += f", every CT running; {logger or 'no CT'} logs" + (
             f" {summaries[logger]['tokens_per_s']} tok/s" if logger else "")
     else:
-        head += f", running on {len(running)} of {len(members)} CTs" + (
-            f" (NOT on {', '.join(h for h in members if h not in running)})" if len(running) < len(members) else "")
+        head += (f", running on {len(running)} of {len(members)} CTs "
+                 f"(NOT on {', '.join(h for h in members if h not in running)})")
     # every CT's canary is the gang's (redeploy.yml: the throughput of the CT whose ranks log)
     canary = next((s["canary"] for s in summaries.values() if (s or {}).get("canary")), None)
     if canary:
