@@ -24,6 +24,39 @@ _install_collection_loader()
 
 import testbed as testbed_mod  # noqa: E402
 
+
+
+def _worker_inventory():
+    """The testbed inventory of this pytest-xdist worker: inventory/testbed for the first (and
+    without xdist), else a copy with its own state dir and nodes on 127.77.(10+N).x, made once
+    per worker. Exported as INVENTORY, TESTBED_INVENTORY and ANSIBLE_INVENTORY, so make, the
+    testbed and ansible in a test reach this worker's testbed and no other."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    default = os.path.join(REPO, "inventory", "testbed")
+    if index == 0:
+        return default
+    import shutil
+    import tempfile
+    root = os.path.join(tempfile.gettempdir(), f"dflash-testbed-inventory-{os.getppid()}-{worker}")
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(default, root)
+    import atexit
+    atexit.register(shutil.rmtree, root, True)
+    for name, old, new in (("group_vars/all.yml", "/var/lib/dflash-testbed/main", f"/var/lib/dflash-testbed/main-{worker}"),
+                           ("hosts.yml", "ansible_host: 127.77.0.", f"ansible_host: 127.77.{10 + index}.")):
+        path = os.path.join(root, name)
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        assert old in text, f"{path} no longer holds {old!r}"
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text.replace(old, new))
+    os.environ.update(INVENTORY=root, TESTBED_INVENTORY=root, ANSIBLE_INVENTORY=root)
+    return root
+
+
+TESTBED_INVENTORY = _worker_inventory()
+
 TRAINER = os.path.join(TESTS, "testbed", "example_trainer", "train_dflash_pipeline.py")
 
 # Tools that look `ansible` up on PATH (testinfra, ansible-runner) find the venv's.

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from testlib import BIN, REPO, tool_env, trainer_source
+from testlib import BIN, REPO, TESTBED_INVENTORY, tool_env, trainer_source
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
@@ -86,7 +86,7 @@ def test_a_slower_release_under_rollback_runs_the_old_one_again(running, tmp_pat
 
 def test_a_slower_release_under_fail_stops_the_rollout_after_the_canary_batch(running, tmp_path):
     inventory = tmp_path / "inventory"
-    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    shutil.copytree(TESTBED_INVENTORY, inventory)
     untouched = pid(running, "ct201")
     res = redeploy(running, "ct200,ct201", inventory=str(inventory), redeploy_canary_policy="fail",
                    redeploy_serial=1, trainer_code_src=source(tmp_path, "slow", 1.6))

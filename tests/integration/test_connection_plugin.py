@@ -5,7 +5,7 @@ import subprocess
 
 import testinfra
 
-from testlib import BIN, REPO, run_tool, tool_env
+from testlib import BIN, REPO, TESTBED_INVENTORY, run_tool, tool_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CT, NODE, VMID = "ct201", "pve1", "201"
@@ -70,7 +70,7 @@ def test_bad_vmid_names_the_variable(testbed):
 def test_testinfra_reaches_a_ct_through_the_inventory(testbed):
     # force_ansible: testinfra cannot speak pct itself, it runs each command as a task
     host = testinfra.get_host(f"ansible://{CT}?force_ansible=True",
-                              ansible_inventory=os.path.join(REPO, "inventory", "testbed"))
+                              ansible_inventory=TESTBED_INVENTORY)
     assert host.check_output("hostname") == CT
     assert host.file("/workspace").is_directory
     assert host.run("nvidia-smi -L").stdout.count("GPU ") == 8

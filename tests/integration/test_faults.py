@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from testlib import BIN, REPO, TRAINER, task_ran, tool_env, trainer_source
+from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
 from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
@@ -172,7 +172,7 @@ def test_ct_stopped_between_push_and_launch(testbed, tmp_path):
 
 def test_unreachable_node_fails_its_cts_only(testbed, tmp_path):
     inventory = tmp_path / "inventory"
-    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    shutil.copytree(TESTBED_INVENTORY, inventory)
     hosts = (inventory / "hosts.yml").read_text()
     hosts = hosts.replace("        pve2:\n", "        pve9:\n          ansible_host: 127.77.0.9\n        pve2:\n")
     hosts = hosts.replace("        ct300:\n", "        ct900:\n          pve_node: pve9\n"
@@ -216,7 +216,8 @@ def test_host_matching_nothing_is_an_error():
     res = subprocess.run(["make", "restart", "HOST=no-such-ct"], cwd=REPO, env=tool_env(),
                          capture_output=True, text=True, check=False)
     assert res.returncode != 0
-    assert "HOST=no-such-ct selects no trainer CT (group dflash_trainers) of inventory/testbed" in res.stderr
+    inventory = os.environ.get("INVENTORY", "inventory/testbed")  # an xdist worker's own testbed
+    assert f"HOST=no-such-ct selects no trainer CT (group dflash_trainers) of {inventory}" in res.stderr
 
 
 def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path):
@@ -333,7 +334,7 @@ def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed)
 
 def test_a_failed_ct_stops_the_rollout_after_its_batch(testbed, tmp_path):
     inventory = tmp_path / "inventory"
-    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    shutil.copytree(TESTBED_INVENTORY, inventory)
     hosts = (inventory / "hosts.yml").read_text()
     # ct201's trainer ignores SIGINT and its stop refuses (no_graceful: fail)
     hosts = hosts.replace("          ansible_pct_vmid: 201\n",

@@ -21,7 +21,7 @@ import time
 import ansible_runner
 import pytest
 
-from testlib import REPO, TRAINER
+from testlib import REPO, TESTBED_INVENTORY, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 VENV = os.path.join(REPO, ".venv-torch")
@@ -74,7 +74,7 @@ def playbook(tmp_path, name, **extravars):
     private = tmp_path / f"runner-{name.replace('/', '-')}-{len(os.listdir(tmp_path))}"
     private.mkdir()
     run = ansible_runner.run(private_data_dir=str(private), playbook=os.path.join(REPO, name), project_dir=REPO,
-                             inventory=os.path.join(REPO, "inventory", "testbed"), limit=CT,
+                             inventory=TESTBED_INVENTORY, limit=CT,
                              extravars=extravars, quiet=True)
     results = {e["event_data"]["task"]: e["event_data"]["res"] for e in run.events
                if e["event"] in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("host") == CT}

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from testlib import BIN, REPO, tool_env
+from testlib import BIN, REPO, TESTBED_INVENTORY, tool_env
 
 CT, VMID, HOME_NODE, OTHER_NODE = "ct200", "200", "pve1", "pve2"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -63,7 +63,7 @@ def cluster_inventory(testbed, root):
     """inventory/testbed with its CTs found by the cluster, not listed: the nodes (a third one
     first, where nothing answers), the group_vars, ct301's own settings as host_vars."""
     inventory = root / "inventory"
-    shutil.copytree(os.path.join(REPO, "inventory", "testbed"), inventory)
+    shutil.copytree(TESTBED_INVENTORY, inventory)
     static = yaml.safe_load((inventory / "hosts.yml").read_text())
     nodes = static["all"]["children"]["proxmox_nodes"]["hosts"]
     nodes["pve0"] = {"ansible_host": "127.77.0.9"}  # no sshd there: a node that is down

@@ -11,7 +11,7 @@ import time
 import ansible_runner
 import pytest
 
-from testlib import BIN, REPO, TRAINER, task_ran, tool_env, trainer_source
+from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
 
 
 CTS = {"ct200": ("pve1", "200"), "ct201": ("pve1", "201"),
@@ -40,7 +40,7 @@ def runner(tmp_path, limit, extravars, check=False, name="awx"):
     private.mkdir()
     run = ansible_runner.run(
         private_data_dir=str(private), playbook=REDEPLOY, project_dir=REPO,
-        inventory=os.path.join(REPO, "inventory", "testbed"), limit=limit,
+        inventory=TESTBED_INVENTORY, limit=limit,
         extravars=dict({"awx_job_id": 42, "awx_user_name": "admin"}, **extravars),
         cmdline="--check" if check else None, quiet=True)
     stats = next(e for e in run.events if e["event"] == "playbook_on_stats")["event_data"]

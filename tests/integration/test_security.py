@@ -7,7 +7,7 @@ import subprocess
 
 import ansible_runner
 
-from testlib import REPO, TRAINER
+from testlib import REPO, TESTBED_INVENTORY, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -60,7 +60,7 @@ def test_secrets_stay_out_of_ps_logs_vvv_and_awx_artifacts(testbed, tmp_path):
     private.mkdir()
     run = ansible_runner.run(
         private_data_dir=str(private), playbook=REDEPLOY, project_dir=REPO,
-        inventory=os.path.join(REPO, "inventory", "testbed"), limit=CT, verbosity=3,
+        inventory=TESTBED_INVENTORY, limit=CT, verbosity=3,
         extravars={"dflash_secret_env": {"HF_TOKEN": SECRET}, "awx_job_id": 7,
                    "awx_user_name": "admin"}, quiet=True)
     assert run.status == "successful", run.stdout.read()

@@ -11,7 +11,7 @@ import time
 import ansible_runner
 import pytest
 
-from testlib import BIN, REPO, TRAINER, run_tool
+from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, run_tool
 
 CT, NODE, VMID = "ct201", "pve1", "201"
 OUT = "/workspace/ck"
@@ -89,7 +89,7 @@ def stop(tmp_path, check=False, expect_failure=False, **params):
     (tmp_path / "runner").mkdir(parents=True, exist_ok=True)
     run = ansible_runner.run(
         private_data_dir=str(tmp_path / "runner"), host_pattern=CT,
-        inventory=os.path.join(REPO, "inventory", "testbed"),
+        inventory=TESTBED_INVENTORY,
         module="dflash.lifecycle.staged_stop", module_args=json.dumps(params),
         cmdline="--check" if check else None, quiet=True)
     outcomes = [(e["event"], e["event_data"]["res"]) for e in run.events
@@ -343,7 +343,7 @@ def launch_with_identity(tmp_path, env="", extra=""):
     (tmp_path / "launch").mkdir()
     run = ansible_runner.run(
         private_data_dir=str(tmp_path / "launch"), host_pattern=CT,
-        inventory=os.path.join(REPO, "inventory", "testbed"), module="dflash.lifecycle.trainer_process",
+        inventory=TESTBED_INVENTORY, module="dflash.lifecycle.trainer_process",
         module_args=json.dumps({"command": command, "cwd": "/workspace", "pidfile": "/run/dflash/trainer.pid",
                                 "log_file": "/workspace/train.log", "health_seconds": 0.5}), quiet=True)
     (result,) = [e["event_data"]["res"] for e in run.events if e["event"] == "runner_on_ok"]
