@@ -228,7 +228,7 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
                      require_checkpoint=True, ladder=FAST_LADDER)
         previous = first["checkpoint"]["new"]
         before = ct.sh(f"sha256sum {previous}/*").stdout
-        ct.launch()
+        ct.launch(extra="--resume")  # from the previous checkpoint: the log then runs past its step
         ct.sh(f"dd if=/dev/zero of={OUT}/filler bs=4k 2>/dev/null || true")  # the disk is full
         result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, log_file="/workspace/train.log",
                       ladder=FAST_LADDER)  # fails by default

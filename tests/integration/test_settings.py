@@ -108,6 +108,8 @@ def test_make_targets_need_a_host_that_selects_a_trainer_ct(tmp_path):
 
 
 def test_a_rollback_during_a_redeploy_is_refused_and_another_ct_is_not(testbed):
+    # seeded here: the test files before this one may have run on another worker's testbed
+    testbed.playbook(os.path.join(REPO, "playbooks", "testbed_seed.yml"), "-e", "seed_hosts=ct300,ct301")
     # the redeploy holds ct301's lock through its launch's health watch (10 s)
     redeploy = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301",
                                  "-e", "trainer_launch_health_seconds=10"], cwd=REPO, env=tool_env(),
