@@ -117,6 +117,21 @@ def test_1_well_behaved_stops_at_sigint_with_checkpoint(ct, tmp_path):
     assert result["changed"] is True
 
 
+def test_1b_the_interrupt_checkpoint_of_a_trainer_logging_every_10_steps_loses_nothing(ct, tmp_path):
+    """The field's trainer logs every 10 steps and names no step when it saves on SIGINT (the
+    step_regex here reads only its progress lines): its interrupt checkpoint is ahead of the
+    log's last line and holds every step it made, so 0 are lost, not "not known"."""
+    ct.launch(extra="--profile-interval 10")
+    result = stop(tmp_path, checkpoint_dir=OUT, log_file="/workspace/train.log",
+                  step_regex=r"\bstep (\d+) epoch", require_checkpoint=True, ladder=FAST_LADDER)
+    loss = result["loss"]
+    assert result["stopped_by"]["signal"] == "SIGINT" and result["checkpoint"]["written"], result["msg"]
+    assert loss["checkpoint"] == result["checkpoint"]["new"] and loss["last_logged_step"] % 10 == 0
+    assert loss["last_logged_step"] <= loss["checkpoint_step"] < loss["last_logged_step"] + 10, loss
+    assert (loss["steps_lost"], loss["ahead_of_log"], loss["saved_on_stop"]) == (0, None, True), loss
+    assert "0 steps lost (the trainer saved on SIGINT and exited)" in result["msg"]
+
+
 def test_2_background_launch_sigint_ignored_is_detected_and_skipped(ct, tmp_path):
     ct.launch(how="background")
     result = stop(tmp_path, no_graceful="proceed", ladder=[{"signal": "SIGINT", "scope": "main", "wait": 60},

@@ -369,13 +369,17 @@ class Directory:
         gaps = [b - a for a, b in zip(last, last[1:])]
         return round(max(gaps), 3) if gaps else None
 
-    def loss(self):
+    def loss(self, answered_at=None):
         """What a stop now loses: the newest complete checkpoint against the last step the
-        trainer logged (a checkpoint ahead of the log is said to be, not counted as 0)."""
+        trainer logged (a checkpoint ahead of the log is said to be, not counted as 0).
+        answered_at: when the stop sent the signal the trainer saves on, given once the trainer
+        has exited after it. A checkpoint completed since then is the trainer's answer and holds
+        every step it made: 0 lost, however old the log's last progress line (a trainer that
+        logs every 10 steps stops between two of them)."""
         report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
                   "last_logged_step": last_logged_step(self.log_file, self.step_regex),
-                  "steps_lost": None, "ahead_of_log": None, "checkpoint_interval_s": None,
-                  "free_bytes": None}
+                  "steps_lost": None, "ahead_of_log": None, "saved_on_stop": False,
+                  "checkpoint_interval_s": None, "free_bytes": None}
         if not self.path:
             return report
         done = self.complete()
@@ -386,7 +390,11 @@ class Directory:
             name, info = done[-1]
             report.update(checkpoint=os.path.join(self.path, name), checkpoint_step=info["step"],
                           checkpoint_age_s=round(time.time() - info["mtime"], 1))
-            if info["step"] is not None and logged is not None:
+            # the file system's clock is coarse (a few ms behind time.time())
+            answered = answered_at is not None and info["mtime"] >= answered_at - 0.01
+            if answered and (info["step"] is None or logged is None or info["step"] >= logged):
+                report.update(steps_lost=0, saved_on_stop=True)
+            elif info["step"] is not None and logged is not None:
                 if info["step"] > logged:
                     report["ahead_of_log"] = info["step"] - logged
                 else:

@@ -186,7 +186,10 @@ def _verify(options, directory, before, ended_mid_write, targets, result, main, 
     result["survivors"] = [dict(p, threads=proctable.threads_report(p["pid"], proc_root))
                            for p in targets.report(survivors)]
     result["stopped"] = not survivors
-    result["loss"] = directory.loss()
+    by = result["stopped_by"]
+    answered = (not survivors and by is not None and by["stage"] == result["graceful_stage"]
+                and (result["checkpoint"] or {}).get("written"))
+    result["loss"] = directory.loss(answered_at=result.get("signalled_at") if answered else None)
     result["msg"] = _summary(result, main.pid, started)
     alive = {ident[0] for ident in survivors}
     for rank in (result.get("launcher") or {}).get("ranks", []):
@@ -260,7 +263,9 @@ def _summary(result, main_pid, started):
         if not ckpt["written"] and ckpt["newest"]:
             head += f" (newest complete: {ckpt['newest']})"
     loss = result["loss"]
-    if loss["ahead_of_log"] is not None:
+    if loss["saved_on_stop"]:
+        head += f"; 0 steps lost (the trainer saved on {result['stopped_by']['signal']} and exited)"
+    elif loss["ahead_of_log"] is not None:
         head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
                  f"of the log (step {loss['last_logged_step']}): steps lost not known")
     elif loss["steps_lost"] is not None:

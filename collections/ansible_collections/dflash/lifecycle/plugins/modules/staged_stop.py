@@ -477,7 +477,12 @@ loss_at_start:
   returned: when a trainer was found
   type: dict
 loss:
-  description: The same figures after the stop (steps_lost is what the stop lost).
+  description:
+    - The same figures after the stop (steps_lost is what the stop lost).
+    - C(saved_on_stop) is true when the newest complete checkpoint was written after the signal the
+      trainer saves on, and the trainer then exited; it holds every step the trainer made, so
+      steps_lost is 0 even when the log's last progress line is older (a trainer that logs every
+      N steps stops between two of them).
   returned: when the ladder ran
   type: dict
 ladder:

@@ -130,7 +130,7 @@ def _stop_words(stop, data):
             words += f" ({data['checkpoint_format']})"
         if not data["checkpoint"] and data["newest_checkpoint"]:
             words += f", newest complete {data['newest_checkpoint']}"
-        if data["steps_lost"]:
+        if data["steps_lost"] is not None:
             words += f" ({data['steps_lost']} steps lost)"
         elif data["ahead_of_log"]:
             words += f" (the checkpoint is {data['ahead_of_log']} steps ahead of the log: steps lost not known)"

@@ -134,6 +134,28 @@ def test_loss_interval_and_a_checkpoint_ahead_of_the_log(tmp_path):
     assert "50 steps ahead of the log's last step 250" in checkpoints.describe_loss(loss)
 
 
+def test_a_checkpoint_written_in_answer_to_the_stop_loses_nothing(tmp_path):
+    """A trainer that logs every 10 steps, stopped at step 893 by the signal it saves on: its
+    interrupt checkpoint is 3 steps ahead of the log's last line and holds every step."""
+    log = tmp_path / "train.log"
+    log.write_text("step 880 loss 1\nstep 890 loss 0.9\n")
+    ck_dir = tmp_path / "ck"
+    save(ck_dir, "step_800", age=60)
+    signalled_at = time.time() - 2
+    save(ck_dir, "step_893", age=1)
+    ck = directory(ck_dir, log_file=str(log))
+    assert ck.loss()["ahead_of_log"] == 3 and ck.loss()["steps_lost"] is None  # still running: not known
+    loss = ck.loss(answered_at=signalled_at)
+    assert (loss["steps_lost"], loss["ahead_of_log"], loss["saved_on_stop"]) == (0, None, True)
+    # written before the signal: a periodic save, not the answer; the steps lost stay unknown
+    loss = ck.loss(answered_at=time.time())
+    assert (loss["steps_lost"], loss["ahead_of_log"], loss["saved_on_stop"]) == (None, 3, False)
+    # a log past the answer's step counts the steps the checkpoint does not hold
+    log.write_text("step 890 loss 0.9\nstep 900 loss 0.8\n")
+    loss = ck.loss(answered_at=signalled_at)
+    assert (loss["steps_lost"], loss["saved_on_stop"]) == (7, False)
+
+
 def test_the_interval_is_the_running_trainers_own_when_it_saved(tmp_path):
     save(tmp_path, "step_100", age=600)  # an earlier run's
     save(tmp_path, "step_200", age=500)

@@ -23,7 +23,7 @@ def summarize(**results):
 def test_a_redeploy_that_worked():
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=STOP, launch=LAUNCH)
     assert lines[0] == ("ct200: release new1 (new: 1 modified, 0 added, 0 removed), stopped by SIGINT in "
-                        "2.5s, checkpoint /ck/step_9, PID 42, first progress after 1.0s, healthy after "
+                        "2.5s, checkpoint /ck/step_9 (0 steps lost), PID 42, first progress after 1.0s, healthy after "
                         "3.0s, 14210.5 tok/s")
     assert lines[1] == "python3 -u t.py --note 'two words'"
     assert data["trainer_running"] is True and data["errors"] == [] and data["other_gpu_holders"] == 1
