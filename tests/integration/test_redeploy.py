@@ -211,6 +211,9 @@ def test_make_restart_touches_only_that_host(seeded):
     res = subprocess.run(["make", "restart", "HOST=ct200"], cwd=REPO, env=tool_env(),
                          capture_output=True, text=True, check=False, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+    # a CT that runs alone goes through no gang task (redeploy.yml's first play)
+    headers = re.findall(r"^TASK \[(.*)\]", res.stdout, re.M)
+    assert headers and not [h for h in headers if "gang" in h.lower()], headers
     assert len(seeded.pct_invocations("pve2")) == pve2_calls  # ct300/ct301's node untouched
     assert trainer_pids(seeded, "ct200") != old
     assert {host: trainer_pids(seeded, host) for host in others} == others

@@ -60,3 +60,16 @@ def test_test_file_names_are_unique():
     names = [name for root, _dirs, files in os.walk(REPO) if "/.venv" not in root and "/tests" in root
              for name in files if name.startswith("test_") and name.endswith(".py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_a_ct_that_runs_alone_has_no_gang_task_and_a_gang_has_them_all():
+    """redeploy.yml's two plays (playbooks/redeploy/tasks.yml): a CT without trainer_run_gang
+    runs no barrier, no signal moment, no gang read and no gang report; a gang's CT runs each."""
+    inventory = os.path.join(REPO, "inventory", "testbed")
+    res = run_tool([os.path.join(BIN, "ansible-playbook"), "-i", inventory, "redeploy.yml", "--list-tasks"])
+    alone, _, gangs = res.stdout.partition("play #2")
+    assert "play #1 (dflash_trainers:!dflash_gangs)" in alone and "(dflash_trainers:&dflash_gangs)" in gangs
+    assert "gang" not in alone.split("TAGS: []", 1)[1].lower(), alone
+    assert gangs.count("Hold the gang together") == 6 and "signalled together" in gangs
+    assert "Read whether a gang's run still runs" in gangs
+    assert "Stop the trainer in stages" in alone and "Start the trainer and wait until it is healthy" in alone
