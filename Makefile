@@ -127,11 +127,12 @@ PLAYBOOK = $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS)' $(EXTRA) \
   $(if $(CANARY_THRESHOLD),-e redeploy_canary_threshold=$(CANARY_THRESHOLD))
 
 # HOST must select at least one trainer CT (dflash_trainers:&HOST): a node's name, a typo or
-# a broken inventory never becomes a job that touches nothing and exits 0, or every CT.
+# a broken inventory never becomes a job that touches nothing and exits 0, or every CT. One
+# ansible start-up for both (a second would cost every job about a second).
 host-guard: venv
-	@ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible-inventory -i $(INVENTORY) --graph > /dev/null \
-	  || { echo "INVENTORY=$(INVENTORY) cannot be read (above)" >&2; exit 2; }
-	@$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' --list-hosts 2>/dev/null | grep -q 'hosts ([1-9]' \
+	@hosts=$$(ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' \
+	            --list-hosts 2>&1) || { echo "$$hosts" >&2; echo "INVENTORY=$(INVENTORY) cannot be read (above)" >&2; exit 2; }; \
+	  grep -q 'hosts ([1-9]' <<< "$$hosts" \
 	  || { echo "HOST=$(CTS) selects no trainer CT (group dflash_trainers) of $(INVENTORY)" >&2; exit 2; }
 
 # The targets that change a CT take HOST explicitly: no default reaches every CT by accident.
