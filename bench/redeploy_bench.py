@@ -44,6 +44,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from testlib import BIN, TRAINER, LiveTestbed, make_testbed_inventory, testbed_mod, tool_env  # noqa: E402
 
+import hand  # noqa: E402  (bench/hand.py: the hand procedure)
+
 STATE = "/var/lib/dflash-testbed/bench"
 NODES = {"bn1": "127.77.3.1", "bn2": "127.77.3.2"}
 REPEAT = int(os.environ.get("BENCH_REPEAT", "5"))  # runs per figure; the median is printed
@@ -110,31 +112,9 @@ class Bench:
 
     def hand_sequence(self, host, src_file):
         node, vmid = CTS[host]
-        address = NODES[node]
-        ssh = ["ssh", "-T", "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-i", self.bed.key,
-               "-o", "IdentitiesOnly=yes", "-o", "ControlMaster=no", "-p", "2222", f"root@{address}"]
         pct0, ssh0, ses0 = self.counts()
         began = time.monotonic()
-
-        def remote(command):
-            return subprocess.run(ssh + [command], capture_output=True, text=True, check=True).stdout
-
-        subprocess.run(["scp", "-q", "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-i",
-                        self.bed.key, "-P", "2222", src_file, f"root@{address}:/root/train_dflash_pipeline.py"],
-                       check=True)
-        hand_copy = "/tmp/train_dflash_pipeline.py"
-        remote(f"pct push {vmid} /root/train_dflash_pipeline.py {hand_copy}")
-        remote(f"pct exec {vmid} -- python3 -m py_compile {hand_copy}")
-        line = remote(f"pct exec {vmid} -- pgrep -af 'train_dflash_pipeline[.]py'")
-        pid = line.split()[0]
-        cmdline = line.split(None, 1)[1].strip().replace(
-            "/opt/dflash/current/train_dflash_pipeline.py", hand_copy)
-        remote(f"pct exec {vmid} -- kill -INT {pid}")
-        while subprocess.run(ssh + [f"pct exec {vmid} -- kill -0 {pid}"], capture_output=True,
-                             check=False).returncode == 0:
-            time.sleep(2)
-        remote(f"pct exec {vmid} -- sh -c 'cd /workspace && setsid -f {cmdline} "
-               ">> /workspace/logs/train.log 2>&1 < /dev/null'")
+        hand.redeploy_by_hand(self.bed, NODES[node], vmid, src_file)
         wall = time.monotonic() - began
         pct1, ssh1, ses1 = self.counts()
         return {"pct": pct1 - pct0, "ssh": ssh1 - ssh0, "sessions": ses1 - ses0, "tasks": "-",

@@ -1,0 +1,43 @@
+"""How long each task took on each host, as JSON lines in $DFLASH_BENCH_TASK_SECONDS: the benches
+read a phase's own cost from it (the preflight task, the stop task). Enabled by the benches only
+(ANSIBLE_CALLBACKS_ENABLED=task_seconds, ANSIBLE_CALLBACK_PLUGINS=bench/callback_plugins)."""
+
+import json
+import os
+import time
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = """
+name: task_seconds
+type: aggregate
+short_description: each task's seconds per host, for the benches
+description: Writes one JSON line per task and host (task name, host, seconds) to $DFLASH_BENCH_TASK_SECONDS.
+requirements: [DFLASH_BENCH_TASK_SECONDS in the environment]
+"""
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "task_seconds"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self):
+        super().__init__()
+        self._started = {}
+        self._out = os.environ.get("DFLASH_BENCH_TASK_SECONDS")
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._started[task._uuid] = time.monotonic()
+
+    def _done(self, result):
+        if not self._out:
+            return
+        began = self._started.get(result._task._uuid)
+        with open(self._out, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"task": result._task.get_name(), "host": result._host.get_name(),
+                                     "seconds": None if began is None else round(time.monotonic() - began, 3),
+                                     "status": result._result.get("skipped") and "skipped" or "done"}) + "\n")
+
+    v2_runner_on_ok = v2_runner_on_failed = v2_runner_on_skipped = _done
