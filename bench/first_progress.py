@@ -19,16 +19,17 @@ processes are the host's too). For each run it prints:
   wall time, from the playbook's task times (bench/callback_plugins/task_seconds.py);
 - tasks run and pct calls.
 
-The trainer logs a progress line every profile_interval steps; each run starts after a pause drawn
-at random (seeded) within one period, so that neither kind of run is favoured by where in its
-period the old trainer is stopped. Every figure is the median of BENCH_REPEAT (default 5) runs of
-each kind, interleaved. The testbed is taken down at the end.
+The trainer logs a progress line every profile_interval steps, counted from step 0: with the
+testbed's 50 (2.5 s) the first line of a resumed run comes anywhere from one step to a whole
+period after its start, noise larger than the figures compared. The bench's CTs log every step
+(dflash_profile_interval 1), so a run's first progress line is its first step. Every figure is the
+median of BENCH_REPEAT (default 5) runs of each kind, interleaved. The testbed is taken down at
+the end.
 Usage: .venv/bin/python bench/first_progress.py
 """
 
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -42,7 +43,6 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from testlib import BIN, LiveTestbed, make_testbed_inventory, testbed_mod, tool_env  # noqa: E402
 
 import hand  # noqa: E402  (bench/hand.py)
-from redeploy_bench import progress_period  # noqa: E402
 
 STATE = "/var/lib/dflash-testbed/firstprogress"
 NODE, ADDRESS, CT, VMID = "fn1", "127.77.6.1", "fct950", "950"
@@ -137,11 +137,9 @@ class Bench:
     def __init__(self, root):
         self.inventory = make_testbed_inventory(
             os.path.join(root, "inventory"), STATE, {NODE: ADDRESS},
-            {CT: {"pve_node": NODE, "ansible_pct_vmid": int(VMID)}})
+            {CT: {"pve_node": NODE, "ansible_pct_vmid": int(VMID)}}, settings={"dflash_profile_interval": 1})
         self.bed = testbed_mod.Testbed(self.inventory)
         self.live = LiveTestbed(self.bed)
-        self.period = progress_period(self.inventory)
-        self.phase = random.Random(11)
         self.log_path = os.path.join(self.bed.node_dir(NODE), "lxc", VMID, "rootfs", hand.LOG.lstrip("/"))
         self.task_file = os.path.join(root, "tasks.jsonl")
         self.env = dict(tool_env(), DFLASH_BENCH_TASK_SECONDS=self.task_file,
@@ -153,7 +151,6 @@ class Bench:
                        env=tool_env(), check=True, capture_output=True)
 
     def measured(self, kind, src_file):
-        time.sleep(self.phase.uniform(0, self.period))  # see the module docstring
         if os.path.exists(self.task_file):
             os.unlink(self.task_file)
         pct0 = len(self.live.pct_invocations(NODE))
