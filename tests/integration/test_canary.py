@@ -34,7 +34,8 @@ def redeploy(testbed, hosts, *extra, inventory=None, **extra_vars):
     if inventory:
         args[1:1] = ["-i", inventory]
     res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
-    res.out = " ".join(res.stdout.split())  # the callback folds long lines
+    # the callback folds long lines, and doubles a quote inside a quoted one
+    res.out = " ".join(res.stdout.split()).replace("''", "'")
     return res
 
 
@@ -99,12 +100,48 @@ def test_a_slower_release_under_fail_stops_the_rollout_after_the_canary_batch(ru
     assert pid(running, "ct201") == untouched
 
 
-def test_a_log_without_throughput_lines_is_unknown_not_a_failure(running):
-    # the running trainer's log is elsewhere: the canary has no "before"
+def test_the_log_the_running_trainer_writes_is_read_even_when_moved(running):
+    # log_file moved away under the running trainer: it goes on writing the same file, there
     in_ct(running, "ct201", "mv /workspace/logs/train.log /workspace/logs/moved.log")
     res = redeploy(running, "ct201", redeploy_canary_policy="fail")
     assert res.returncode == 0, res.stdout
-    assert re.search(r"canary: tok/s unknown -> [0-9.]+ \(not compared: the log of the old run had no progress line\)", res.out), res.out
+    assert re.search(r"canary: tok/s [0-9.]+ -> [0-9.]+ \([-+][0-9.]+%, threshold -5.0%\).*; before: read "
+                     r"/workspace/logs/moved.log \(the trainer's stdout\), not log_file /workspace/logs/train.log", res.out), res.out
+
+
+def hand_start(testbed, host, output):
+    """The project's run stopped with its checkpoint and started again by hand from the same
+    command line, logging every 10 steps, its output to output: `setsid -f ... > output`."""
+    trainer = pid(testbed, host)
+    argv = in_ct(testbed, host, f"tr '\\0' ' ' < /proc/{trainer}/cmdline").stdout.split()
+    argv[argv.index("--profile-interval") + 1] = "10"
+    in_ct(testbed, host, f"kill -INT {trainer}; while test -d /proc/{trainer}; do sleep 0.1; done")
+    in_ct(testbed, host, f"cd /workspace && setsid -f {shlex.join(argv)} > {output} 2>&1 < /dev/null")
+
+
+def test_a_trainer_started_by_hand_is_judged_by_its_own_log(running):
+    """nohup ... > /root/train.log, with an older run's log at log_file (step 99999, 1.0 tok/s,
+    written an hour ago): the stop counts from the trainer's own log (0 steps lost after its
+    interrupt checkpoint) and the canary compares against its own figures. With its output
+    thrown away, no log of this run is known: unknown, and said why, never the older run's."""
+    stale = "2026-01-01 00:00:00 step 99999 epoch 0 loss 1.0000 tok/s 1.0 | data 1.00ms target 1.00ms"
+    in_ct(running, "ct200", f"echo '{stale}' > /workspace/logs/train.log && touch -d '1 hour ago' /workspace/logs/train.log")
+    hand_start(running, "ct200", "/root/train.log")
+    in_ct(running, "ct200", "until grep -q 'tok/s' /root/train.log; do sleep 0.1; done")
+    res = redeploy(running, "ct200", redeploy_canary_policy="fail")
+    assert res.returncode == 0, res.stdout
+    assert re.search(r"stopped by SIGINT in [0-9.]+s, checkpoint \S+/step_\d+ \(step_dirs\) \(0 steps lost\)", res.out), res.out
+    figures = re.search(r"canary: tok/s ([0-9.]+) -> ([0-9.]+) \(([-+][0-9.]+)%", res.out)
+    assert figures and float(figures.group(1)) > 100 and abs(float(figures.group(3))) < 50, res.out
+    assert "before: read /root/train.log (the trainer's stdout), not log_file /workspace/logs/train.log" in res.out
+
+    in_ct(running, "ct200", f"echo '{stale}' >> /workspace/logs/train.log && touch -d '1 hour ago' /workspace/logs/train.log")
+    hand_start(running, "ct200", "/dev/null")
+    res = redeploy(running, "ct200", redeploy_canary_policy="fail")
+    assert res.returncode == 0, res.stdout
+    assert re.search(r"canary: tok/s unknown -> [0-9.]+ \(not compared: the log of the old run had no progress line "
+                     r"\(no log of this run: PID \d+: its stdout is /dev/null, its stderr is /dev/null; "
+                     r"/workspace/logs/train.log was last written before the trainer started", res.out), res.out
 
 
 def test_a_check_run_reports_no_canary_of_a_run_it_did_not_start(running):

@@ -201,6 +201,14 @@ def read_cwd(pid, proc_root="/proc"):
         return None
 
 
+def read_fd(pid, fd, proc_root="/proc"):
+    """(what file descriptor fd of the process names, None) or (None, why it cannot be read)."""
+    try:
+        return os.readlink(os.path.join(proc_root, str(pid), "fd", str(fd))), None
+    except OSError as err:
+        return None, err.strerror or str(err)
+
+
 def read_exe(pid, proc_root="/proc"):
     """The executable the process runs (/proc/PID/exe), or None."""
     try:

@@ -22,8 +22,11 @@ and the median of each stage's average over the same span.
 
 from __future__ import annotations
 
+import os
 import re
 import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
 
 STEP_REGEX = r"\bstep[\s:=#]*(\d+)\b"
 THROUGHPUT_PATTERNS = (
@@ -187,7 +190,10 @@ def median(values):
 
 
 def read_lines(path, offset=0, max_bytes=1 << 20):
-    """The log's lines from offset on (at most its last max_bytes); [] when unreadable."""
+    """The log's lines from offset on (at most its last max_bytes); [] when unreadable or when no
+    log is known (path None)."""
+    if not path:
+        return []
     try:
         with open(path, "rb") as handle:
             handle.seek(0, 2)
@@ -197,3 +203,56 @@ def read_lines(path, offset=0, max_bytes=1 << 20):
     except OSError:
         return []
     return text.splitlines()
+
+
+# a log last written this long before the trainer started is another run's (the launch writes its
+# head line just before it starts the trainer)
+OTHER_RUN_MARGIN_SECONDS = 2.0
+
+
+def running_log(proc, configured, proc_root="/proc"):
+    """The log the running trainer (a proctable.Process) writes: its stdout, else its stderr, when
+    that is a regular file (`nohup ... > /root/train.log` writes there, whatever log_file says).
+    Else the configured log: said so when /proc/PID/fd cannot be read, and taken only when it was
+    written since the trainer started when its stdout is a pipe or a terminal (a log last written
+    before belongs to another run, and is never read as this one's). Returns {path (None when no
+    log of this run is known), source, configured, why}."""
+    found = {"path": None, "source": None, "configured": configured, "why": None}
+    reasons, unreadable = [], False
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        target, error = proctable.read_fd(proc.pid, fd, proc_root)
+        if target is None:
+            unreadable = True
+            reasons.append(f"its {name} cannot be read ({error})")
+        elif target.startswith("/") and not target.endswith(" (deleted)") and os.path.isfile(target):
+            found.update(path=target, source=f"the trainer's {name}")
+            return found
+        else:
+            reasons.append(f"its {name} is {target}")
+    why = f"PID {proc.pid}: " + ", ".join(reasons)
+    if not configured:
+        found["why"] = why + ", and no log_file is set"
+        return found
+    try:
+        written = os.stat(configured).st_mtime
+    except OSError as err:
+        found["why"] = f"{why}; {configured}: {err.strerror}"
+        return found
+    started = proctable.start_wall_time(proc, proc_root)
+    if not unreadable and written < started - OTHER_RUN_MARGIN_SECONDS:
+        found["why"] = (f"{why}; {configured} was last written before the trainer started "
+                        "(another run's log: not read)")
+        return found
+    found.update(path=configured, source="log_file", why=why)
+    return found
+
+
+def log_words(log):
+    """How a report names the log it read, when that is not simply log_file; '' otherwise."""
+    if not log or (log["path"] == log["configured"] and log["source"] != "log_file"):
+        return ""
+    if log["path"] is None:
+        return f"no log of this run: {log['why']}"
+    if log["source"] == "log_file":
+        return f"read log_file {log['path']} ({log['why']})"
+    return f"read {log['path']} ({log['source']}), not log_file {log['configured']}"

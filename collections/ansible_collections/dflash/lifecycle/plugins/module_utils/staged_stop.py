@@ -16,7 +16,7 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoints, ladder, launchers, proctable, rundir, target_set, trainer_finding)
+    checkpoint_formats, checkpoints, ladder, launchers, progress, proctable, rundir, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -68,6 +68,9 @@ def run(options, proc_root="/proc", check_mode=False):
         raise StopFailed(str(err), result) from None
     if main is not None:
         result["checkpoint_dir_source"] = _checkpoint_dir_of(main, options, proc_root)
+        # the steps lost are read from the log this trainer writes, not from log_file alone
+        result["log"] = progress.running_log(main, options.log_file, proc_root)
+        options.log_file = result["log"]["path"]
     directory = checkpoints.Directory.of(options)
     try:
         directory.check()
@@ -75,7 +78,7 @@ def run(options, proc_root="/proc", check_mode=False):
         raise StopFailed(str(err), result) from None
     before = directory.entries()
     targets = target_set.Targets(proc_root)
-    progress = progress_report(options, directory)
+    progress_file = progress_report(options, directory)
     try:
         scope = None if main is None else target_set.capture(main, table, options, targets, proc_root)
         if scope is None:
@@ -101,7 +104,7 @@ def run(options, proc_root="/proc", check_mode=False):
         result["graceful_possible"] = result["graceful_stage"] is not None
         if result["graceful_stage"] != 0:
             result["notes"].append(result["graceful_reason"])
-        climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress, launch)
+        climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress_file, launch)
         if check_mode:
             return _check_report(options, result, directory, before, main)
         if not result["graceful_possible"]:
@@ -110,7 +113,7 @@ def run(options, proc_root="/proc", check_mode=False):
         return _verify(options, directory, before, ended_mid_write, targets, result, main, started)
     finally:
         targets.close()
-        progress.close()
+        progress_file.close()
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
 
 
@@ -273,6 +276,9 @@ def _summary(result, main_pid, started):
                  else f"; no checkpoint at all: all {loss['steps_lost']} steps of the run lost")
     elif loss["checkpoint"] and loss["checkpoint_step"] is None:
         head += "; steps lost not known (the checkpoint's step is not known)"
+    log = progress.log_words(result.get("log"))
+    if log:
+        head += f"; log: {log}"
     resume = (ckpt or {}).get("resume") or {}
     if resume.get("name") and not resume["complete"]:
         head += (f"; the trainer's resume would load the incomplete {resume['name']} "

@@ -55,8 +55,12 @@ def read(params, proc_root="/proc"):
     if params.get("release_base"):
         installed = releases.status(params["release_base"])
         state["release"] = {key: installed[key] for key in ("current", "previous", "drift", "launch_failures")}
-    state["throughput"] = throughput(params["log_file"], params["step_regex"], params["throughput_patterns"],
+    # a running trainer's figures come from the log it writes (its stdout), which may not be log_file
+    log = progress.running_log(main, params["log_file"], proc_root) if main is not None else None
+    log_file = log["path"] if log else params["log_file"]
+    state["throughput"] = throughput(log_file, params["step_regex"], params["throughput_patterns"],
                                      params["throughput_lines"], params["throughput_history"])
+    state["throughput"]["log_words"] = progress.log_words(log)
     state["throughput"]["at_launch"] = (rundir.read_launch_record(params["pidfile"]) or {}).get("tokens_per_s")
     directory = checkpoints.Directory(params["checkpoint_dir"], params["checkpoint_format"],
                                       params["checkpoint_custom"])

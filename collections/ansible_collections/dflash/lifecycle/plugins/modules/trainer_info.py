@@ -133,7 +133,9 @@ throughput:
     The step and tok/s of the last progress line (C(step), C(last)), the median of the last
     O(throughput_lines) (C(median), C(lines)), the figure recorded at the last launch
     (C(at_launch), the new run's window its redeploy measured), and with O(throughput_history) the
-    points C([step, tok/s, time, release, run]) (C(history)).
+    points C([step, tok/s, time, release, run]) (C(history)). A running trainer's are read from the
+    log it writes (its stdout or stderr when that is a regular file, else O(log_file));
+    C(log_words) says which when that is not simply O(log_file).
   returned: always
   type: dict
   sample: {step: 8120, last: 14210.5, median: 14188.0, lines: 5, at_launch: 14002.3}

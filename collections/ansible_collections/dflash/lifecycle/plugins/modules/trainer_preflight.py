@@ -226,7 +226,10 @@ throughput_before:
   description: >-
     The running trainer's median tok/s over its last progress lines and its per-stage timings, as
     M(dflash.lifecycle.trainer_process) RV(dflash.lifecycle.trainer_process#module:throughput) has
-    them (C(tokens_per_s) null when its log has no progress line).
+    them (C(tokens_per_s) null when its log has no progress line). They are read from the log the
+    trainer writes: its stdout or stderr when that is a regular file, else O(throughput.log_file)
+    (C(log): C(path), C(source), C(configured), C(why); C(log_words) says it when that is not simply
+    O(throughput.log_file), or that no log of this run is known).
   returned: when throughput is set and a trainer runs
   type: dict
 release_status:
@@ -294,8 +297,11 @@ def main():
                                             wanted_figures["profile_line_regex"], wanted_figures["profile_stage_regex"])
             except (ValueError, re.error) as err:
                 module.fail_json(msg=f"throughput: {err}")
-            result["throughput_before"] = reader.window(progress.read_lines(wanted_figures["log_file"]),
+            # the running trainer's own log (its stdout), which may not be log_file
+            log = progress.running_log(running, wanted_figures["log_file"])
+            result["throughput_before"] = reader.window(progress.read_lines(log["path"]),
                                                         wanted_figures["lines"], wanted_figures["warmup_lines"])
+            result["throughput_before"].update(log=log, log_words=progress.log_words(log))
     wanted = module.params["release"]
     if wanted:
         result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])

@@ -36,8 +36,11 @@ def compare(before, after, threshold=-5.0, policy="report", top=3, check_mode=Fa
     if check_mode:
         result["why"] = "compared after a real launch"
         return result
+    # which log the old run's figure came from, when it is not simply log_file
+    result["before_log"] = (before or {}).get("log_words") or None
     if old is None:
-        result["why"] = "the log of the old run had no progress line"
+        result["why"] = "the log of the old run had no progress line" + (
+            f" ({result['before_log']})" if result["before_log"] else "")
     elif new is None:
         result["why"] = "the new run logged no progress line in time"
     elif old <= 0:
@@ -72,6 +75,8 @@ def words(canary):
         text += ": REGRESSION" + (f", {canary['action']}" if canary["action"] else ", reported")
     if canary["stages"]:
         text += "; " + ", ".join(f"{s['stage']} {s['change_ms']:+.2f} ms" for s in canary["stages"])
+    if canary.get("before_log"):
+        text += f"; before: {canary['before_log']}"
     return text
 
 

@@ -1,5 +1,7 @@
 """module_utils/progress.py on realistic log lines."""
 
+import os
+
 import pytest
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import progress
@@ -92,3 +94,40 @@ def test_the_history_carries_each_lines_time_and_the_launch_it_belongs_to(tmp_pa
         (100, 5000.0, "3f2a9c0d", "aaa111"), (100, 4000.0, "0388a82f", "bbb222"), (150, 4100.0, "0388a82f", "bbb222")]
     assert report["history"][1][2] - report["history"][0][2] == 300 and report["history"][2][2] is None
     assert report["lines"] == 2  # the figures of now are this run's own
+
+
+def test_the_log_read_is_the_one_the_running_trainer_writes(fake, tmp_path):
+    """A trainer started by hand as `nohup bash run.sh > /root/train.log`: its stdout names the
+    file it writes, whatever log_file says; a pipe or a terminal leaves log_file, taken only when
+    written since the trainer started (an older run's log is never read as this one's); a
+    /proc/PID/fd that cannot be read leaves log_file, and says so."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+    own, configured = tmp_path / "train.log", tmp_path / "configured.log"
+    own.write_text("step 10 tok/s 5.0\n")
+    configured.write_text("step 900 tok/s 1.0\n")
+    base = fake.add(40, "python3", 1, start=1000)  # started at btime + 10 s
+    os.symlink(str(own), base / "fd" / "1")
+    os.symlink(str(own), base / "fd" / "2")
+    trainer = proctable.read_process(40, fake.path)
+    log = progress.running_log(trainer, str(configured), fake.path)
+    assert (log["path"], log["source"]) == (str(own), "the trainer's stdout")
+    assert progress.log_words(log) == f"read {own} (the trainer's stdout), not log_file {configured}"
+
+    os.unlink(base / "fd" / "1")
+    os.unlink(base / "fd" / "2")
+    os.symlink("pipe:[4711]", base / "fd" / "1")
+    os.symlink("/dev/pts/0", base / "fd" / "2")
+    log = progress.running_log(trainer, str(configured), fake.path)
+    assert (log["path"], log["source"]) == (str(configured), "log_file")  # written after the start
+    assert "its stdout is pipe:[4711], its stderr is /dev/pts/0" in progress.log_words(log)
+    os.utime(configured, (1700000000, 1700000000))  # last written before the trainer started
+    log = progress.running_log(trainer, str(configured), fake.path)
+    assert log["path"] is None and progress.log_words(log).startswith("no log of this run: PID 40:")
+    assert "another run's log: not read" in log["why"]
+
+    fake.remove(40)
+    fake.add(40, "python3", 1, start=1000)  # no fd/1 or fd/2 to read
+    log = progress.running_log(proctable.read_process(40, fake.path), str(configured), fake.path)
+    assert log["path"] == str(configured) and "its stdout cannot be read" in log["why"]
+    own_log = dict(log, path=str(own), source="the trainer's stdout", configured=str(own))
+    assert progress.log_words(own_log) == ""  # the trainer writes log_file itself: nothing to say
