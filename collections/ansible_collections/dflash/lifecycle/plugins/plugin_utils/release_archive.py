@@ -13,6 +13,7 @@ writing and hashing. The CT half (install, verify, switch) is module_utils/relea
 from __future__ import annotations
 
 import fnmatch
+import gzip
 import hashlib
 import io
 import os
@@ -104,12 +105,16 @@ def git_export(repo, ref, dest):
 def write_archive(src, manifest, directory, release):
     """One gzipped tar of the manifest's files (owner root, modes as in the manifest), created
     with O_EXCL in directory and renamed to <release>.tar.gz. Returns (path, sha256, bytes),
-    the hash read back through the descriptor that wrote it."""
+    the hash read back through the descriptor that wrote it. The same files give the same bytes
+    (no time or temporary name in the gzip header): two jobs on one controller that build the
+    same release at once replace <release>.tar.gz with an equal file, and neither's push sees
+    another checksum than its own."""
     final = os.path.join(directory, f"{release}.tar.gz")
     fd, tmp = tempfile.mkstemp(prefix=f".{release}-", suffix=".tar.gz", dir=directory)  # O_EXCL, 0600
     try:
         with os.fdopen(fd, "w+b") as handle:
-            with tarfile.open(fileobj=handle, mode="w:gz", compresslevel=6) as tar:
+            with gzip.GzipFile(filename="", mode="wb", compresslevel=6, fileobj=handle, mtime=0) as packed, \
+                    tarfile.open(fileobj=packed, mode="w") as tar:
                 for rel in sorted(manifest):
                     info = tar.gettarinfo(os.path.join(src, rel), arcname=rel)
                     info.uid = info.gid = 0

@@ -71,6 +71,19 @@ def test_a_mode_change_is_drift(tmp_path):
     assert releases.status(base, build["release"])["drift"][build["release"]]["modified"] == ["dflash_model.py"]
 
 
+def test_the_same_release_built_twice_is_the_same_archive(tmp_path):
+    """Two jobs on one controller building one release at once (make restart of two CTs, two AWX
+    jobs) replace <release>.tar.gz in turn: each push is verified against the checksum its own
+    build read, so the bytes must not depend on when, or into which temporary file, it was built."""
+    src = source(tmp_path)
+    first = built(tmp_path, src)
+    os.utime(first["archive"], (1, 1))
+    import time
+    time.sleep(1.1)  # the gzip header's time has a resolution of a second
+    second = built(tmp_path, src)
+    assert (second["release"], second["archive_sha256"]) == (first["release"], first["archive_sha256"])
+
+
 def test_the_archive_dir_must_be_private(tmp_path):
     src = source(tmp_path)
     shared = tmp_path / "shared"
