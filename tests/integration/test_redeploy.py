@@ -145,7 +145,7 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
     # the checkpoint it wrote, the release it returned to and the PID running now
     pid = trainer_pids(seeded, "ct201")
     assert re.search(r"ct201: release \w+ \(new: 1 modified, 0 added, 0 removed\), stopped by SIGINT in [0-9.]+s, "
-                     r"checkpoint /workspace/checkpoints/step_\d+ \(step_dirs\), launch failed, rolled back to "
+                     r"checkpoint /workspace/checkpoints/step_\d+ \(step_dirs\) \(0 steps lost\), launch failed, rolled back to "
                      + re.escape(current.split("/")[-1]) + r": PID " + pid[0] + " running again", out), out
     assert re.search(r"launch failed: the trainer \(PID \d+\) .*release v4 is broken", out)
     assert len(pid) == 1
