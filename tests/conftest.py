@@ -24,8 +24,9 @@ def testbed():
 
 
 # The longest test files (several minutes each on a 2-core machine), handed out first: loadfile
-# gives the workers files in collection order, and one of them started last would run alone at
-# the end while the other workers sit idle.
+# gives the workers files in collection order (run-all.sh passes --no-loadscope-reorder, or xdist
+# would sort them by their count of tests), and one started last would run alone at the end
+# while the other workers sit idle.
 LONGEST_FIRST = ("test_layout_redeploys.py", "test_gang.py", "test_faults.py", "test_launchers.py",
                  "test_redeploy.py", "test_staged_stop.py", "test_trainer_code.py", "test_canary.py")
 

@@ -63,7 +63,8 @@ def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None
 def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
     # next checkpoint, and the connection is cut while it waits, before any signal was sent
-    ct.launch(how="background", extra="--save-interval 150 --profile-interval 5")
+    # (a checkpoint every 6 s: the stop waits seconds for the next one, even on a loaded machine)
+    ct.launch(how="background", extra="--save-interval 300 --profile-interval 5")
     wait_for_checkpoint_history(ct.sh, OUT, timeout=30)
     (trainer,) = ct.trainer_pids()
 
