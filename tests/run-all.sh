@@ -28,7 +28,7 @@ trap 'kill $sanity $gpu_check 2> /dev/null' INT TERM
 export DFLASH_TORCH_PYTHON="$torch_python"
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
 # each worker on a testbed of its own (tests/conftest.py)
-"$bin/python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
+"$bin/python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"
 pytest_status=$?
 "$next_bin/python" -m pytest "$@" collections/ansible_collections/dflash/lifecycle/tests/unit \
   tests/integration/test_connection_plugin.py
