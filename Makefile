@@ -106,9 +106,10 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 test: setup venv-next venv-torch ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
-bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode)
+bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode)
 	$(BIN)/python bench/first_progress.py
 	$(BIN)/python bench/stop_latency.py
+	$(BIN)/python bench/own_checkpoint_stop.py
 	$(BIN)/python bench/checkpoint_check.py
 	$(BIN)/python bench/launcher_stop.py
 	$(BIN)/python bench/gang_redeploy.py

@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 
 import checkpoint_layouts as layouts
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files
 
 TORCH_FILES = (".pt", ".pth", ".ckpt", ".bin", ".distcp")
 WEIGHTS = [[float(r + c) for c in range(32)] for r in range(32)]
@@ -36,7 +36,7 @@ def imitations_load(root):
                 else:
                     continue
                 loaded += 1
-                assert checkpoint_formats.file_problem(path) is None, path
+                assert checkpoint_files.file_problem(path) is None, path
     print(f"loaded {loaded} imitation files with torch.load and safetensors")
 
 
@@ -49,14 +49,14 @@ def real_files_checked(root):
     for name, write in real.items():
         path = os.path.join(root, name)
         write(path)
-        problem = checkpoint_formats.file_problem(path)
+        problem = checkpoint_files.file_problem(path)
         assert problem is None, f"{name} by the real writer: {problem}"
         data = open(path, "rb").read()
         cut = os.path.join(root, "cut-" + name)
         for length in range(0, len(data), max(1, len(data) // 300)):
             with open(cut, "wb") as handle:
                 handle.write(data[:length])
-            assert checkpoint_formats.file_problem(cut) is not None, f"{name} cut at {length} passed"
+            assert checkpoint_files.file_problem(cut) is not None, f"{name} cut at {length} passed"
         print(f"refused every cut of a real {name} ({len(data)} bytes, {torch.__version__})")
 
 

@@ -1,243 +1,30 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a checkpoint of each training framework is, read from its own files (Python 3.8
-compatible, standard library only: the CT has a bare Python).
-
-Each layout is a small object that answers the same questions: is this entry of the
-directory a checkpoint, what is its step, is it complete (and why not), which one would the
-trainer's own resume pick, and on which signals does the trainer save (or finish a save it
-is writing). ``checkpoints.py``, the stop and the launch ask these objects; no framework's
-name appears anywhere else.
+compatible, standard library only: the CT has a bare Python). Each layout is a small object
+that answers the same questions: is this entry of the directory a checkpoint, what is its
+step, is it complete (and why not), is its save over, which one would the trainer's own resume
+pick, and on which signals does the trainer save (or finish a save it is writing). The stop,
+the launch and the status ask these objects; no framework's name appears anywhere else.
 
 Completeness never rests on a quiet directory. It is the layout's own marker (the file it
-writes last, or the pointer it moves last), and every file structurally valid for its kind:
-
-* a ``torch.save`` zip: the end-of-central-directory record at the end of the file (zip64
-  too), the central directory right before it, every entry's data inside the file;
-* a ``.safetensors`` file: its header's ``data_offsets`` end exactly at the file's end;
-* a ``.json`` file: it parses.
-
-Only headers and tails are read, so a 20 GB checkpoint is judged in milliseconds
-(``bench/checkpoint_check.py``). The rules come from each framework's source, named on
+writes last, or the pointer it moves last), and every file structurally valid for its kind
+(module_utils/checkpoint_files.py). The rules come from each framework's source, named on
 its class.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import os
-import pickletools
 import re
 import signal
-import struct
-import zipfile
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files
 
 # the launch moves a checkpoint the resume would pick but that is incomplete here, never deletes
 MOVED_ASIDE = ".incomplete"
-ZIP_LOCAL = b"PK\x03\x04"
-ZIP_CENTRAL = b"PK\x01\x02"
-ZIP_END = b"PK\x05\x06"
-ZIP64_LOCATOR = b"PK\x06\x07"
-ZIP64_END = b"PK\x06\x06"
-ZIP_MAX_COMMENT = 0xFFFF
-# read at most this much of a central directory or a header; a larger one is not a checkpoint file
-HEADER_LIMIT = 64 << 20
-TORCH_SUFFIXES = (".pt", ".pth", ".ckpt")
-PICKLE_INT_OPS = {"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"}
-MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
-
-
-# -- file formats -----------------------------------------------------------------------------
-
-def _read_at(handle, offset, length):
-    handle.seek(offset)
-    return handle.read(length)
-
-
-def zip_problem(path, size=None):
-    """Why path is not a whole zip archive (a torch.save file), or None."""
-    return zip_listing(path, size)[0]
-
-
-def zip_listing(path, size=None):
-    """(why path is not a whole zip archive or None, the names of its entries)."""
-    size = os.path.getsize(path) if size is None else size
-    if size < 22:
-        return f"{size} bytes: no zip end record (cut short)", []
-    with open(path, "rb", buffering=0) as handle:  # unbuffered: each entry's 30-byte header, no more
-        tail_len = min(size, 22 + ZIP_MAX_COMMENT + 20)
-        tail = _read_at(handle, size - tail_len, tail_len)
-        end = tail.rfind(ZIP_END)
-        while end >= 0 and (end + 22 > tail_len or end + 22 + struct.unpack_from("<H", tail, end + 20)[0] != tail_len):
-            end = tail.rfind(ZIP_END, 0, end)
-        if end < 0:
-            return "no zip end-of-central-directory record at its end (cut short)", []
-        end_at = size - tail_len + end
-        entries, cd_size, cd_offset = struct.unpack_from("<HII", tail, end + 10)
-        cd_end = end_at
-        locator = tail[end - 20:end] if end >= 20 else b""
-        if 0xFFFFFFFF in (cd_size, cd_offset) or entries == 0xFFFF or locator.startswith(ZIP64_LOCATOR):
-            # torch.save writes the zip64 end records whatever the size
-            if not locator.startswith(ZIP64_LOCATOR):
-                return "zip64 end record missing (cut short)", []
-            record_at = struct.unpack_from("<Q", locator, 8)[0]
-            record = _read_at(handle, record_at, 56)
-            if record_at + 56 > end_at or not record.startswith(ZIP64_END):
-                return "zip64 end record not where its locator says", []
-            entries, cd_size, cd_offset = struct.unpack_from("<QQQ", record, 32)
-            cd_end = record_at
-        if cd_offset + cd_size != cd_end:
-            return (f"central directory at {cd_offset}+{cd_size} does not end at the end record "
-                    f"({cd_end})"), []
-        if cd_size > HEADER_LIMIT:
-            return f"central directory of {cd_size} bytes: not a checkpoint file", []
-        directory = _read_at(handle, cd_offset, cd_size)
-        return _zip_entries(handle, directory, entries, cd_offset)
-
-
-def _zip_entries(handle, directory, entries, data_end):
-    at, names = 0, []
-    while at < len(directory):
-        if directory[at:at + 4] != ZIP_CENTRAL or at + 46 > len(directory):
-            return f"central directory entry {len(names)} is damaged", names
-        (flags, csize, usize, name_len, extra_len, comment_len, offset) = struct.unpack_from(
-            "<4x4xH10xII3H8xI", directory, at)
-        name = directory[at + 46:at + 46 + name_len].decode("utf-8", "replace")
-        extra = directory[at + 46 + name_len:at + 46 + name_len + extra_len]
-        csize, offset = _zip64_sizes(extra, usize, csize, offset)
-        local = _read_at(handle, offset, 30)
-        if len(local) < 30 or not local.startswith(ZIP_LOCAL):
-            return f"entry {name} has no local header", names
-        local_name, local_extra = struct.unpack_from("<HH", local, 26)
-        entry_end = offset + 30 + local_name + local_extra + csize + (16 if flags & 0x8 else 0)
-        if entry_end > data_end:
-            return f"entry {name} ends at {entry_end}, past the data ({data_end})", names
-        at += 46 + name_len + extra_len + comment_len
-        names.append(name)
-    if len(names) != entries:
-        return f"central directory lists {len(names)} entries, its end record {entries}", names
-    return None, names
-
-
-def _zip64_sizes(extra, usize, csize, offset):
-    """The compressed size and local header offset, from the zip64 extra field where the
-    central header holds 0xFFFFFFFF."""
-    at = 0
-    while at + 4 <= len(extra):
-        kind, length = struct.unpack_from("<HH", extra, at)
-        if kind == 1:
-            values = iter(struct.unpack_from(f"<{length // 8}Q", extra, at + 4))
-            if usize == 0xFFFFFFFF:
-                next(values, None)
-            if csize == 0xFFFFFFFF:
-                csize = next(values, csize)
-            if offset == 0xFFFFFFFF:
-                offset = next(values, offset)
-            break
-        at += 4 + length
-    return csize, offset
-
-
-def torch_save_problem(path, size=None):
-    """Why path is not a whole torch.save file (a zip holding */data.pkl), or None."""
-    with open(path, "rb") as handle:
-        head = handle.read(4)
-    if head != ZIP_LOCAL:
-        if head[:1] == b"\x80":
-            return "a legacy (non-zip) torch.save file: its end cannot be checked"
-        return "not a torch.save zip" if head else "empty"
-    problem, names = zip_listing(path, size)
-    if problem:
-        return problem
-    if not any(name.endswith("/data.pkl") or name == "data.pkl" for name in names):
-        return "a zip without data.pkl: not a torch.save file"
-    return None
-
-
-def safetensors_problem(path, size=None):
-    """Why path is not a whole .safetensors file, or None."""
-    size = os.path.getsize(path) if size is None else size
-    if size < 8:
-        return f"{size} bytes: no safetensors header (cut short)"
-    with open(path, "rb") as handle:
-        header_len = struct.unpack("<Q", handle.read(8))[0]
-        if header_len > min(HEADER_LIMIT, size - 8):
-            return f"header of {header_len} bytes does not fit in {size} bytes (cut short)"
-        try:
-            header = json.loads(handle.read(header_len))
-        except ValueError as err:
-            return f"header is not JSON ({err})"
-    if not isinstance(header, dict):
-        return "header is not a JSON object"
-    ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items()
-            if k != "__metadata__" and isinstance(t, dict)]
-    data = size - 8 - header_len
-    if max(ends, default=0) != data:
-        return f"its tensors end at {max(ends, default=0)} bytes of data, the file holds {data} (cut short)"
-    return None
-
-
-def json_problem(path, size=None):
-    try:
-        with open(path, "rb") as handle:
-            json.loads(handle.read())
-    except ValueError as err:
-        return f"does not parse as JSON ({err})"
-    return None
-
-
-def file_problem(path, size=None):
-    """Why the file at path is not whole, by its kind, or None (a file of another kind
-    counts when it exists). Damage of any shape is a problem, never an error."""
-    try:
-        return _file_problem(path, size)
-    except (ValueError, struct.error, zipfile.BadZipFile, EOFError, KeyError) as err:
-        return f"damaged ({err.__class__.__name__}: {err})"
-
-
-def _file_problem(path, size):
-    name = os.path.basename(path)
-    if name.endswith(".safetensors"):
-        return safetensors_problem(path, size)
-    if name.endswith(".json"):
-        return json_problem(path, size)
-    if name.endswith(TORCH_SUFFIXES):
-        return torch_save_problem(path, size)
-    if name.endswith(".bin"):  # torch.save (training_args.bin, pytorch_model.bin), or opaque
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-        return torch_save_problem(path, size) if head == ZIP_LOCAL or head[:1] == b"\x80" else None
-    return None
-
-
-def pickled_int(path, key):
-    """The int a torch.save file's data.pkl stores under key (the first such key), read from
-    the pickle's opcodes without unpickling anything; None when it has none."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
-            if name is None or archive.getinfo(name).file_size > HEADER_LIMIT:
-                return None
-            data = archive.read(name)
-        wanted = False
-        for op, arg, _pos in pickletools.genops(io.BytesIO(data)):
-            if op.name in MEMO_OPS:
-                continue
-            if wanted:
-                return int(arg) if op.name in PICKLE_INT_OPS else None
-            wanted = isinstance(arg, str) and arg == key
-    except (OSError, zipfile.BadZipFile, ValueError, KeyError, EOFError, NotImplementedError, RuntimeError,
-            struct.error):  # damaged: no step from it
-        return None
-    return None
-
-
-# -- layouts ------------------------------------------------------------------------------------
-
-def _names(listing):
-    return sorted(listing)
 
 
 class Layout:
@@ -256,6 +43,9 @@ class Layout:
     saves_on = frozenset()  # signals whose handler writes a checkpoint
     save_survives = frozenset()  # signals during which a save in progress still finishes
     resume_rule = ""
+    # whether complete means the save is over: its last write is the marker, a rename into place
+    # or DCP's .metadata; where it is not, the pointer is the mark, or only a quiet directory tells
+    marks_completion = True
 
     def claims(self, name, path, is_dir):
         if is_dir != self.dirs or self.is_alias(name):
@@ -275,7 +65,7 @@ class Layout:
     def marker_problems(self, directory, name, path, files):
         """Problems beyond the files themselves: the layout's own marker, and (whatever the
         layout) torch.distributed.checkpoint data without the .metadata DCP renames into place last."""
-        found = _dcp_problems(path, files)
+        found = checkpoint_files.dcp_problems(path, files)
         if self.marker and self.marker not in files:
             found.append(f"no {self.marker} ({self.title} writes it last: the save did not finish)")
         for need in self.required:
@@ -286,7 +76,7 @@ class Layout:
 
     def pointed(self, directory):
         """The entry the layout's pointer names, or None."""
-        return read_pointer(directory, self.pointer) if self.pointer else None
+        return checkpoint_files.read_pointer(directory, self.pointer) if self.pointer else None
 
     def pointer_names(self, directory, name, info):
         """Whether the layout's pointer designates checkpoint name: True or False, None when the
@@ -294,6 +84,15 @@ class Layout:
         if not self.pointer or not os.path.lexists(os.path.join(directory, self.pointer)):
             return None
         return self.pointed(directory) == name
+
+    def save_over(self, directory, name, info):
+        """Whether the save of the complete checkpoint name is over: the pointer names it (True)
+        or another (False); without a pointer, True where the layout marks completion, None where
+        only a quiet directory can tell."""
+        named = self.pointer_names(directory, name, info)
+        if named is not None:
+            return named
+        return True if self.marks_completion else None
 
     def resume_pick(self, directory, infos):
         """(name, words): the checkpoint the trainer's own resume loads, or (None, words)."""
@@ -315,57 +114,8 @@ class Layout:
                 "save_survives": sorted(s.name for s in self.save_survives)}
 
 
-NO_DCP_METADATA = "no .metadata (DCP renames .metadata.tmp to .metadata last: the save did not finish)"
-
-
-def _has_dcp_metadata(files):
-    """DCP's .metadata (or a rank's own __R.metadata), or torchtitan's HF index."""
-    return bool(files & {".metadata", "model.safetensors.index.json"}) or any(
-        re.match(r"^__\d+\.metadata$", os.path.basename(f)) for f in files)
-
-
-def _dcp_problems(path, files):
-    """DCP data without its metadata, or rewritten after it. The coordinator writes .metadata
-    once every rank's data is written, so data newer than it is a later save into the same
-    checkpoint (an interrupt save at a periodic save's step, in place): the data the metadata
-    describes is overwritten, cut short where that save did not finish. (Mtimes tick with the
-    kernel's coarse clock, a few ms: a later save cut within that tick of the finish is not seen.)"""
-    data = sorted(f for f in files if f.endswith(".distcp"))
-    if not data:
-        return []
-    if not _has_dcp_metadata(files):
-        return [NO_DCP_METADATA]
-    metadata = [_mtime_ns(os.path.join(path, f)) for f in files
-                if re.match(r"^(__\d+)?\.metadata$", os.path.basename(f))]
-    written = max((m for m in metadata if m is not None), default=None)
-    if written is None:  # torchtitan's HF index: no DCP metadata to compare with
-        return []
-    later = [f for f in data if (_mtime_ns(os.path.join(path, f)) or 0) > written]
-    return [f"{', '.join(later)} written after .metadata (a later save into this checkpoint: the data "
-            ".metadata describes is overwritten, cut short if that save did not finish)"] if later else []
-
-
-def _mtime_ns(path):
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
 def _present(files, pattern):
     return any(fnmatch.fnmatch(f, pattern) for f in files)
-
-
-def read_pointer(directory, name):
-    """The entry a pointer names: a file holding its name, or a symlink to it."""
-    path = os.path.join(directory, name)
-    try:
-        if os.path.islink(path):
-            return os.path.basename(os.readlink(path).rstrip("/")) or None
-        with open(path, encoding="utf-8") as handle:
-            return os.path.basename(handle.read(4096).strip().rstrip("/")) or None
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 class StepDirs(Layout):
@@ -405,21 +155,12 @@ class HFTrainer(Layout):
             found.append(f"trainer_state.json says global_step {step}, not {self.step(name, path)}")
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            found.extend(_sharded_problems(index, files))
+            found.extend(checkpoint_files.sharded_problems(index, files))
         return found
 
     def resume_pick(self, directory, infos):
         ranked = sorted(infos, key=lambda n: infos[n]["step"])
         return (ranked[-1] if ranked else None), self.resume_rule
-
-
-def _sharded_problems(index, files):
-    try:
-        with open(index, "rb") as handle:
-            shards = set(json.loads(handle.read()).get("weight_map", {}).values())
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [f"no {shard} (the index lists it)" for shard in sorted(shards - set(files))]
 
 
 class Lightning(Layout):
@@ -440,20 +181,20 @@ class Lightning(Layout):
         match = re.search(r"(?:^|[-_])step=(\d+)", name)
         if match:
             return int(match.group(1))
-        return pickled_int(path, "global_step")
+        return checkpoint_files.pickled_int(path, "global_step")
 
     def pointer_names(self, directory, name, info):
         last = os.path.join(directory, self.pointer)
         if os.path.islink(last):
-            return read_pointer(directory, self.pointer) == name
+            return checkpoint_files.read_pointer(directory, self.pointer) == name
         if os.path.isfile(last):  # a copy of the newest save: the same step
-            return pickled_int(last, "global_step") == info["step"]
+            return checkpoint_files.pickled_int(last, "global_step") == info["step"]
         return None
 
     def resume_pick(self, directory, infos):
         last = os.path.join(directory, self.pointer)
         if os.path.islink(last):
-            return read_pointer(directory, self.pointer), "the checkpoint last.ckpt links to"
+            return checkpoint_files.read_pointer(directory, self.pointer), "the checkpoint last.ckpt links to"
         if os.path.isfile(last):
             return self.pointer, "last.ckpt (a copy of the newest save)"
         return None, "none: without last.ckpt Lightning resumes only from the path given"
@@ -471,6 +212,11 @@ class DeepSpeed(Layout):
     pointer = "latest"
     required = ("*model_states.pt",)
     resume_rule = "the tag latest names (no latest: nothing)"
+    # in place, with quiet gathers between files: only latest, written last, says a save is over
+    marks_completion = False
+
+    def save_over(self, directory, name, info):
+        return bool(self.pointer_names(directory, name, info))
 
     def claims(self, name, path, is_dir):
         if not is_dir or self.is_alias(name):
@@ -490,7 +236,7 @@ class DeepSpeed(Layout):
             states = sorted(f for f in os.listdir(path) if f.endswith("model_states.pt"))
         except OSError:
             return None
-        return pickled_int(os.path.join(path, states[0]), "global_steps") if states else None
+        return checkpoint_files.pickled_int(os.path.join(path, states[0]), "global_steps") if states else None
 
     def marker_problems(self, directory, name, path, files):
         found = super().marker_problems(directory, name, path, files)
@@ -499,7 +245,7 @@ class DeepSpeed(Layout):
         # latest is written last: a tag newer than the one it names did not finish (a latest cut
         # short names no tag, and says nothing of them)
         if not found and pointed != name and named and os.path.isdir(named) and \
-                _newest_mtime(path) > _newest_mtime(named):
+                checkpoint_files.newest_mtime(path) > checkpoint_files.newest_mtime(named):
             found.append(f"latest names {pointed}, not {name} (DeepSpeed writes latest last: the save "
                          "did not finish)")
         return found
@@ -507,17 +253,6 @@ class DeepSpeed(Layout):
     def resume_pick(self, directory, infos):
         pointed = self.pointed(directory)
         return pointed, self.resume_rule if pointed is None else "the tag latest names"
-
-
-def _newest_mtime(path):
-    newest = os.stat(path).st_mtime
-    for root, _dirs, files in os.walk(path):
-        for item in files:
-            try:
-                newest = max(newest, os.stat(os.path.join(root, item)).st_mtime)
-            except OSError:
-                continue
-    return newest
 
 
 class DCP(Layout):
@@ -530,7 +265,7 @@ class DCP(Layout):
     resume_rule = "the highest step-N holding .metadata"
 
     def marker_problems(self, directory, name, path, files):
-        return _dcp_problems(path, files) if _has_dcp_metadata(files) else [NO_DCP_METADATA]
+        return checkpoint_files.dcp_problems(path, files) if checkpoint_files.has_dcp_metadata(files) else [checkpoint_files.NO_DCP_METADATA]
 
     def resume_pick(self, directory, infos):
         done = [n for n in infos if os.path.exists(os.path.join(directory, n, ".metadata"))]
@@ -548,6 +283,8 @@ class SpecForgeScripts(Layout):
     required = ("training_state.pt", "config.json", ("model.safetensors", "model.safetensors.index.json",
                                                      "pytorch_model.bin"))
     resume_rule = "the highest (epoch, step), unchecked (get_last_checkpoint)"
+    # no marker: the model code is copied after the weights
+    marks_completion = False
 
     def step(self, name, path):
         match = re.match(self.entry, name)
@@ -561,7 +298,7 @@ class SpecForgeScripts(Layout):
         found = super().marker_problems(directory, name, path, files)
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            found.extend(_sharded_problems(index, files))
+            found.extend(checkpoint_files.sharded_problems(index, files))
         return found
 
 
@@ -586,12 +323,12 @@ class SpecForge(Layout):
 
     def pointer_names(self, directory, name, info):
         links = [n for n in self.latest_links(directory) if name.startswith(n[:-len("latest")])]
-        return read_pointer(directory, links[0]) == name if links else None
+        return checkpoint_files.read_pointer(directory, links[0]) == name if links else None
 
     def resume_pick(self, directory, infos):
         links = self.latest_links(directory)
         if len(links) == 1:
-            return read_pointer(directory, links[0]), f"the one {links[0]} links to"
+            return checkpoint_files.read_pointer(directory, links[0]), f"the one {links[0]} links to"
         done = [n for n in infos if not infos[n]["problems"]]
         ranked = sorted(done, key=lambda n: infos[n]["step"])
         return (ranked[-1] if ranked else None), self.resume_rule
@@ -611,6 +348,7 @@ class Custom(Layout):
         if not self.pattern:
             raise InvalidLayout("checkpoint_custom.pattern: required with checkpoint_format=custom")
         self.marker = settings.get("marker") or None
+        self.marks_completion = self.marker is not None
         self.pointer = settings.get("pointer") or None
         self.aliases = (self.pointer,) if self.pointer else ()
         self.step_regex = settings.get("step_regex") or None
@@ -647,16 +385,6 @@ ARGUMENT_SPEC = {
         "pointer": {"type": "str"},
     }},
 }
-
-
-def signal_set(names):
-    found = set()
-    for name in names:
-        try:
-            found.add(signal.Signals[str(name).upper() if str(name).upper().startswith("SIG") else "SIG" + str(name).upper()])
-        except KeyError:
-            raise InvalidLayout(f"unknown signal {name!r}") from None
-    return found
 
 
 def layout(name, custom=None):
@@ -712,7 +440,7 @@ def saves_on(setting, chosen):
     """(signals the trainer saves on, signals a save in progress survives, words) from the
     trainer_run_saves_on setting and the layout; (None, None, words) when unknown."""
     if setting and setting != "auto":
-        signals = frozenset() if setting == "none" else frozenset(signal_set([setting]))
+        signals = frozenset() if setting == "none" else frozenset({signal.Signals[setting]})
         survives = signals | (chosen.save_survives if chosen else frozenset())
         return signals, survives, f"saves_on={setting}"
     if chosen is None:

@@ -1,26 +1,22 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What a checkpoint directory holds, and what a stop wrote or lost (Python 3.8 compatible).
+"""What a checkpoint directory holds (Python 3.8 compatible).
 
-The preflight (is there one to resume from?), the staged stop (did it write a new, complete
-one? what does a stop lose?), the launch (what will the resume load? free space) and the
-status read it alike. What a checkpoint is comes from its layout
-(module_utils/checkpoint_formats.py): the entries it claims, their steps, whether each is
-complete, and which one the trainer's own resume picks. ``auto`` recognises the layout from
-what the directory holds, and says which one it chose.
-
-A new checkpoint counts as written only when it is complete by its layout's rule and nothing
-says it may be cut short: the directory was not still being written when a signal that
-ends the trainer without saving was sent, and no save after it was left unfinished.
+The preflight (is there one to resume from?), the staged stop, the launch (what will the
+resume load? free space) and the status read it alike. What a checkpoint is comes from its
+layout (module_utils/checkpoint_formats.py): the entries it claims, their steps, whether each
+is complete, and which one the trainer's own resume picks. ``auto`` recognises the layout from
+what the directory holds, and says which one it chose. What a stop wrote and lost is judged
+in module_utils/checkpoint_verdict.py.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files, checkpoint_verdict
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats as formats
 
 # names of a checkpoint still being written: the trainer's own temporary names (.tmp-step_N,
@@ -42,7 +38,7 @@ def _checked_problem(path, st):
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()
         try:
-            _CHECKED[key] = formats.file_problem(path, st.st_size)
+            _CHECKED[key] = checkpoint_files.file_problem(path, st.st_size)
         except OSError as err:
             _CHECKED[key] = f"unreadable ({err.strerror})"
     return _CHECKED[key]
@@ -73,25 +69,12 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize, probe
 
 
-def last_logged_step(log_file, step_regex):
-    if not log_file:
-        return None
-    try:
-        with open(log_file, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(log_file) - 65536))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    steps = re.findall(step_regex, text)
-    return int(steps[-1]) if steps else None
-
-
-class Directory:
+class Directory(checkpoint_verdict.StopVerdict):
     """A checkpoint directory read by its layout: ``checkpoint_format`` (a layout's name,
     ``custom`` with ``checkpoint_custom``, or ``auto``)."""
 
     def __init__(self, path, checkpoint_format="auto", custom=None, temp_patterns=DEFAULT_TEMP_PATTERNS,
-                 stable_window=2.0, activity_window=5.0, log_file=None, step_regex=r"\bstep (\d+)\b"):
+                 stable_window=0.5, activity_window=5.0, log_file=None, step_regex=r"\bstep (\d+)\b"):
         self.path = path
         self.setting = checkpoint_format
         self.layout = formats.layout(checkpoint_format, custom)  # InvalidLayout names the setting
@@ -254,8 +237,8 @@ class Directory:
         return (count, total, newest)
 
     def save_in_progress(self, now=None):
-        """What shows a save being written right now (a temporary entry or an incomplete
-        checkpoint changed within the activity window), or None."""
+        """What shows a save being written right now: the temporary entries and incomplete
+        checkpoints changed within the activity window, sorted (empty when none)."""
         now = time.time() if now is None else now
         recent = [t["name"] for t in self.temp_entries() if now - t["mtime"] < self.activity_window]
         infos = self.entries()
@@ -268,7 +251,7 @@ class Directory:
                         recent.append(name)
                 except OSError:
                     continue
-        return ", ".join(sorted(set(recent))) or None
+        return sorted(set(recent))
 
     # -- judgements ------------------------------------------------------------------------------
 
@@ -298,67 +281,6 @@ class Directory:
                 info = {"step": None, "complete": False, "problems": [f"{name} does not exist"]}
         return dict(self.describe(name, info), rule=rule)
 
-    def report(self, before, ended_mid_write=False):
-        """The layout, the newest complete checkpoint and its age, what appeared since before
-        (each judged), the newest complete one of them (new) and whether it is sound (written),
-        what the resume will load, and the temporary files left."""
-        infos = self.entries()
-        done = self.complete(infos)
-        appeared = self.fresh(before, infos)
-        temps = self.temp_entries()
-        chosen, reason = self.resolve()
-        report = {"dir": self.path, "format": chosen.name if chosen else None, "format_reason": reason,
-                  "newest": None, "newest_step": None, "newest_age_s": None, "new": None, "new_step": None,
-                  "written": False, "doubts": [],
-                  "appeared": [self.describe(n, infos[n]) for n in appeared],
-                  "resume": self.resume(infos),
-                  "temp_files_left": [{"name": t["name"], "bytes": t["bytes"]} for t in temps]}
-        if done:
-            name, info = done[-1]
-            report.update(newest=os.path.join(self.path, name), newest_step=info["step"],
-                          newest_age_s=round(time.time() - info["mtime"], 3))
-        fresh_done = [n for n in appeared if infos[n]["complete"]]
-        if fresh_done:
-            name = fresh_done[-1]
-            report.update(new=os.path.join(self.path, name), new_step=infos[name]["step"])
-            report["doubts"] = self.doubts(name, infos, appeared, temps, ended_mid_write)
-            report["written"] = not report["doubts"]
-        return report
-
-    def doubts(self, name, infos, appeared, temps, ended_mid_write=False):
-        """Why the complete checkpoint name may still be cut short, or not be what the resume
-        loads; empty when it is sound."""
-        found = []
-        if ended_mid_write:
-            found.append("the directory was still being written when the trainer was ended "
-                         "without saving")
-        later = appeared[appeared.index(name) + 1:]
-        later += [t["name"] for t in temps if t["mtime"] > infos[name]["mtime"]]
-        if later:
-            found.append(f"a later save was left unfinished ({', '.join(later)})")
-        if self.layout.pointer_names(self.path, name, infos[name]) is False:
-            found.append(f"the trainer's resume would not load it: its pointer names "
-                         f"{self.layout.pointed(self.path) or 'another'} (the save did not finish)")
-        return found
-
-    def settled(self, before):
-        """The newest checkpoint new since before once its save is over: complete by the
-        layout's rule, no later save begun, and either named by the layout's pointer (its last
-        write) or, for a layout without one, nothing written for the stable window (HF rotates
-        old checkpoints away after trainer_state.json, SpecForge's scripts copy the model code
-        after the weights). None until then; a quiet window alone never settles one."""
-        infos = self.entries()
-        appeared = self.fresh(before, infos)
-        if not appeared or not infos[appeared[-1]]["complete"]:
-            return None
-        name = appeared[-1]
-        if self.doubts(name, infos, appeared, self.temp_entries()):
-            return None
-        if not self.layout.pointer_names(self.path, name, infos[name]) and \
-                time.time() - infos[name]["mtime"] < self.stable_window:
-            return None
-        return name
-
     def periodic_interval(self):
         """Seconds between the trainer's periodic checkpoints: those the running trainer wrote,
         counted from its start (since), else the directory's history; None without either."""
@@ -369,39 +291,8 @@ class Directory:
         gaps = [b - a for a, b in zip(last, last[1:])]
         return round(max(gaps), 3) if gaps else None
 
-    def loss(self, answered_at=None):
-        """What a stop now loses: the newest complete checkpoint against the last step the
-        trainer logged (a checkpoint ahead of the log is said to be, not counted as 0).
-        answered_at: when the stop sent the signal the trainer saves on, given once the trainer
-        has exited after it. A checkpoint completed since then is the trainer's answer and holds
-        every step it made: 0 lost, however old the log's last progress line (a trainer that
-        logs every 10 steps stops between two of them)."""
-        report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
-                  "last_logged_step": last_logged_step(self.log_file, self.step_regex),
-                  "steps_lost": None, "ahead_of_log": None, "saved_on_stop": False,
-                  "checkpoint_interval_s": None, "free_bytes": None}
-        if not self.path:
-            return report
-        done = self.complete()
-        report["checkpoint_interval_s"] = self.periodic_interval()
-        report["free_bytes"] = free_bytes(self.path)[0]
-        logged = report["last_logged_step"]
-        if done:
-            name, info = done[-1]
-            report.update(checkpoint=os.path.join(self.path, name), checkpoint_step=info["step"],
-                          checkpoint_age_s=round(time.time() - info["mtime"], 1))
-            # the file system's clock is coarse (a few ms behind time.time())
-            answered = answered_at is not None and info["mtime"] >= answered_at - 0.01
-            if answered and (info["step"] is None or logged is None or info["step"] >= logged):
-                report.update(steps_lost=0, saved_on_stop=True)
-            elif info["step"] is not None and logged is not None:
-                if info["step"] > logged:
-                    report["ahead_of_log"] = info["step"] - logged
-                else:
-                    report["steps_lost"] = logged - info["step"]
-        elif logged is not None:
-            report["steps_lost"] = logged  # no checkpoint at all: every step
-        return report
+    def free_space(self):
+        return free_bytes(self.path)[0]
 
     # -- the launch --------------------------------------------------------------------------
 
@@ -458,48 +349,6 @@ class ResumeRefused(Exception):
         self.details = details
 
 
-def describe_loss(loss):
-    if loss["checkpoint"] is None:
-        steps = f" ({loss['steps_lost']} steps)" if loss["steps_lost"] is not None else ""
-        return f"there is no complete checkpoint: a stop loses the whole run{steps}"
-    text = f"newest complete checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
-    if loss["ahead_of_log"] is not None:
-        text += (f" (step {loss['checkpoint_step']}, {loss['ahead_of_log']} steps ahead of the log's "
-                 f"last step {loss['last_logged_step']}: the steps lost cannot be read from the log)")
-    elif loss["steps_lost"] is not None:
-        text += (f" (step {loss['checkpoint_step']}, the log is at step {loss['last_logged_step']}:"
-                 f" {loss['steps_lost']} steps not in a checkpoint)")
-    elif loss["checkpoint_step"] is None:
-        text += " (its step is not known: the steps lost cannot be counted)"
-    return text
-
-
 def move_words(moved):
     return "; ".join(f"moved the incomplete {m['name']} aside to {m['to'] or '.incomplete/ (check mode)'} "
                      f"({'; '.join(m['problems'])})" for m in moved)
-
-
-class Activity:
-    """Whether a directory is being written: its fingerprint (a callable), sampled at most
-    every SAMPLE_SECONDS (walking a directory a trainer writes a checkpoint into costs CPU)."""
-
-    SAMPLE_SECONDS = 0.5
-
-    def __init__(self, fingerprint, window):
-        self.fingerprint = fingerprint
-        self.window = float(window)
-        self.print = fingerprint()
-        self.sampled_at = time.monotonic()
-        self.changed_at = None
-
-    def sample(self, now, force=False):
-        if not force and now - self.sampled_at < self.SAMPLE_SECONDS:
-            return
-        self.sampled_at = now
-        current = self.fingerprint()
-        if current != self.print:
-            self.print, self.changed_at = current, now
-
-    def recent(self, now):
-        """Written within the window."""
-        return self.changed_at is not None and now - self.changed_at < self.window

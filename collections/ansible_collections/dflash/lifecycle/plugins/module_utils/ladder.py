@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable, target_set
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, proctable, target_set
 
 NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
 # where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
@@ -33,6 +33,9 @@ PY_SPY_PATH = "/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
 # main process is gone: its workers notice within DataLoader's 5 s status check; a leftover
 # it was not signalled (a setsid helper) would otherwise hold the stage for its whole wait
 AFTER_MAIN_GRACE = 10.0
+# how often the wait for the trainer's own checkpoint looks for its completion: the signal that
+# ends the trainer follows the completion mark within this, plus one read of the directory
+LANDED_POLL = 0.2
 
 
 def assess(main, stages, saves_on, saves_words):
@@ -104,12 +107,11 @@ class Climb:
         self.result = result
         self.started = started
         self.progress = progress or (lambda **fields: None)
-        self.activity = None
-        self.ending = None  # (recently written, fingerprint) when an uncaught signal first hit main
+        self.landed = None  # the checkpoint the wait for the trainer's own save saw land
 
     def event(self, **fields):
         now = time.monotonic()
-        fields.update(t=round(now, 6), elapsed=round(now - self.started, 3))
+        fields.update(t=round(now, 6), elapsed=round(now - self.started, 3), at=round(time.time(), 6))
         self.result["timeline"].append(fields)
 
     def members(self, stage):
@@ -141,13 +143,16 @@ class Climb:
         if graceful is not None and index < graceful:
             return (f"{name} would end PID {self.main.pid} without a checkpoint: the trainer saves on "
                     f"{self.options.stages[graceful]['signal'].name}")
-        if (stage["scope"] == "main" and self.options.skip_ignored_stage
-                and self.result["signal_dispositions"].get(name) == "ignored"):
-            return f"{name} is ignored by PID {self.main.pid}"
+        if self.result["signal_dispositions"].get(name) == "ignored":
+            # once the trainer's own checkpoint has landed, an ignored signal is never waited out
+            if self.landed is not None:
+                return f"{name} is ignored by PID {self.main.pid}, and the checkpoint {self.landed} has landed"
+            if stage["scope"] == "main" and self.options.skip_ignored_stage:
+                return f"{name} is ignored by PID {self.main.pid}"
         return None
 
     def run(self):
-        """Climb until the set is gone. Returns (stopped_by or None, ended mid-write)."""
+        """Climb until the set is gone. Returns stopped_by, or None."""
         proc_root = self.targets.proc_root
         first = True
         for index, stage in enumerate(self.options.stages):
@@ -168,12 +173,9 @@ class Climb:
             if self.launch is not None and self.saves(index):
                 stopped = self.through_launcher(stage, index)
                 if stopped:
-                    return stopped, self.ended_mid_write()
+                    return stopped
                 continue
             chosen = self.members(stage)
-            if self.ending is None and main_alive and self.main.identity in chosen and not self.saves(index):
-                recent = self.activity is not None and self.activity.recent(time.monotonic())
-                self.ending = (recent, self.directory.fingerprint() if self.directory.path else None)
             sent = [ident[0] for ident in chosen if self.targets.send(ident, stage["signal"])]
             if stage["signal"] != signal.SIGKILL:
                 for ident in chosen:  # a stopped (T) process must run to act on the signal
@@ -183,8 +185,8 @@ class Climb:
                 self.refresh()  # children or leftovers that surfaced meanwhile keep us going
                 if not self.targets.alive():
                     self.event(event="stopped", stage=index, signal=name)
-                    return {"stage": index, "signal": name, "scope": stage["scope"]}, self.ended_mid_write()
-        return None, self.ended_mid_write()
+                    return {"stage": index, "signal": name, "scope": stage["scope"]}
+        return None
 
     def through_launcher(self, stage, index):
         """The graceful stage of a launcher's run, by the launcher's rules (launchers.Run.plan):
@@ -250,31 +252,29 @@ class Climb:
 
     def wait_for_save(self, stage):
         """Hold the first signal while a save is being written, unless the trainer finishes a
-        save on it (its layout's rule, or the saves_on setting): up to graceful_wait_cap."""
+        save on it (its layout's rule, or the saves_on setting), or the stop waited for the
+        trainer's own checkpoint and it has landed (the next save, if one began, is cut and
+        reported unfinished): up to graceful_wait_cap."""
         survives = self.result["saves_on"]["save_survives"]
         if not self.directory.path or (survives is not None and stage["signal"].name in survives):
+            return
+        if self.landed is not None:  # the stop follows the landed checkpoint: a later save is cut
             return
         began = time.monotonic()
         bound = float(self.options.graceful_wait_cap)
         writing = self.directory.save_in_progress()
-        if writing is None:
+        if not writing:
             return
-        while writing is not None and time.monotonic() - began < bound:
+        while writing and time.monotonic() - began < bound:
             if not proctable.alive(self.main.identity, self.targets.proc_root):
                 break
-            self.progress(stage=0, signal=f"none yet (a save is being written: {writing})",
+            self.progress(stage=0, signal=f"none yet (a save is being written: {', '.join(writing)})",
                           elapsed=round(time.monotonic() - began, 1), bound=bound, running=len(self.targets.alive()))
             time.sleep(0.2)
             writing = self.directory.save_in_progress()
         self.event(event="waited_for_save", signal=stage["signal"].name,
                    waited=round(time.monotonic() - began, 3),
-                   still_writing=writing)
-
-    def ended_mid_write(self):
-        if self.ending is None or not self.directory.path:
-            return False
-        recent, before = self.ending
-        return recent or self.directory.fingerprint() != before
+                   still_writing=", ".join(writing) or None)
 
     def wait(self, stage, index, graceful):
         """Wait for the set to go (for the main process, when the stage signals only it, then
@@ -293,16 +293,16 @@ class Climb:
             return self.targets.wait_gone(identities, base, on_tick=self.tick_reporter(index, base))
         began = time.monotonic()
         cap_at = began + max(base, float(self.options.graceful_wait_cap))
-        self.activity = checkpoints.Activity(self.directory.fingerprint, self.options.checkpoint_activity_window)
+        activity = checkpoint_verdict.Activity(self.directory.fingerprint, self.options.checkpoint_activity_window)
         extended = [0.0]
         report = self.tick_reporter(index, base)
 
         def on_tick(now, final):
-            self.activity.sample(now, force=final)
+            activity.sample(now, force=final)
             report(now, final)
-            if not final or not self.activity.recent(now) or now >= cap_at:
+            if not final or not activity.recent(now) or now >= cap_at:
                 return 0.0
-            extra = min(self.activity.window, cap_at - now)
+            extra = min(activity.window, cap_at - now)
             extended[0] += extra
             return extra
 
@@ -325,33 +325,47 @@ class Climb:
 
 
 def wait_for_next_checkpoint(options, directory, before, main_ident, result, climb):
-    """Send nothing until a new periodic checkpoint is settled (module_utils/checkpoints.py:
-    complete by its layout's rule, then quiet), then return; raise StopRefused when none lands
-    within 1.5x the observed interval (or next_checkpoint_timeout)."""
+    """Send nothing until a checkpoint completed since the stop began has landed (its save over,
+    Layout.save_over), then return at once: the signal that ends the trainer follows the
+    completion mark within LANDED_POLL. A save under way when the stop began counts once it
+    completes. Raise StopRefused when none lands within 1.5x the interval the trainer's own saves
+    show (or next_checkpoint_timeout) and no save is under way; a save under way is waited for
+    up to graceful_wait_cap, never given up on for a guess from the interval."""
     interval = result["loss_at_start"]["checkpoint_interval_s"]
-    loss_words = checkpoints.describe_loss(result["loss_at_start"])
-    if interval is None:
+    under_way = directory.saves_under_way(before)
+    if interval is None and not under_way:
         raise StopRefused(
             f"{result['graceful_reason']}; and {options.checkpoint_dir or 'no checkpoint_dir'}"
-            " shows no periodic checkpoint history to wait for. Nothing was signalled. "
-            f"{loss_words}. To stop anyway: no_graceful=proceed.")
-    bound = min(1.5 * interval, float(options.next_checkpoint_timeout))
+            " shows no periodic checkpoint history to wait for and no save under way. Nothing was "
+            f"signalled. {checkpoint_verdict.describe_loss(result['loss_at_start'])}. To stop anyway: "
+            "no_graceful=proceed.")
+    bound = min(1.5 * interval, float(options.next_checkpoint_timeout)) if interval is not None else 0.0
+    cap = max(bound, float(options.graceful_wait_cap))
     began = time.monotonic()
-    while time.monotonic() - began < bound:
+    while True:
+        elapsed = time.monotonic() - began
         if not proctable.alive(main_ident):
             return
-        name = directory.settled(before)
+        name = directory.landed(before)
         if name is not None:
+            climb.landed = name
             climb.event(event="checkpoint_landed", path=os.path.join(directory.path, name),
-                        waited=round(time.monotonic() - began, 3))
+                        waited=round(elapsed, 3))
             return
-        climb.progress(stage=0, signal="none (waiting for the next periodic checkpoint)",
-                       elapsed=round(time.monotonic() - began, 1), bound=round(bound, 1), running=1)
-        time.sleep(0.2)
+        if elapsed >= bound:
+            under_way = directory.saves_under_way(before)
+            if not under_way or elapsed >= cap:
+                break
+        climb.progress(stage=0, signal="none (waiting for the trainer's own checkpoint"
+                       + (f": {', '.join(under_way)} under way)" if under_way else ")"),
+                       elapsed=round(elapsed, 1), bound=round(cap if under_way else bound, 1), running=1)
+        time.sleep(LANDED_POLL)
+    why = (f"a save still under way ({', '.join(under_way)}) after graceful_wait_cap {cap:.0f}s" if under_way
+           else f"no new periodic checkpoint landed within {bound:.0f}s (1.5x the observed interval of {interval}s)"
+           if interval is not None else "the save under way ended without a complete checkpoint")
     raise StopRefused(
-        f"{result['graceful_reason']}; no new periodic checkpoint landed within {bound:.0f}s "
-        f"(1.5x the observed interval of {interval}s). Nothing was signalled. "
-        f"{checkpoints.describe_loss(directory.loss())}. To stop anyway: no_graceful=proceed.")
+        f"{result['graceful_reason']}; {why}. Nothing was signalled. "
+        f"{checkpoint_verdict.describe_loss(directory.loss())}. To stop anyway: no_graceful=proceed.")
 
 
 class StopRefused(Exception):

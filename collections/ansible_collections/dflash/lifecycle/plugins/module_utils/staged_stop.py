@@ -16,7 +16,8 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoints, ladder, launchers, progress, proctable, rundir, target_set, trainer_finding)
+    checkpoint_formats, checkpoint_verdict, checkpoints, ladder, launchers, progress, proctable, rundir, target_set,
+    trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -109,8 +110,8 @@ def run(options, proc_root="/proc", check_mode=False):
             return _check_report(options, result, directory, before, main)
         if not result["graceful_possible"]:
             _no_graceful(options, directory, before, main, result, climb)
-        result["stopped_by"], ended_mid_write = climb.run()
-        return _verify(options, directory, before, ended_mid_write, targets, result, main, started)
+        result["stopped_by"] = climb.run()
+        return _verify(options, directory, before, targets, result, main, started)
     finally:
         targets.close()
         progress_file.close()
@@ -159,7 +160,7 @@ def _check_report(options, result, directory, before, main):
         result["msg"] += f"; would leave {_others(result)}"
     if not result["graceful_possible"]:
         result["msg"] += (f"; no graceful checkpoint: {result['graceful_reason']}; "
-                          f"{checkpoints.describe_loss(result['loss_at_start'])}; "
+                          f"{checkpoint_verdict.describe_loss(result['loss_at_start'])}; "
                           f"no_graceful={options.no_graceful}")
     return result
 
@@ -169,7 +170,7 @@ def _no_graceful(options, directory, before, main, result, climb):
     if options.no_graceful == "fail":
         raise StopFailed(
             f"{result['graceful_reason']}. Nothing was signalled. "
-            f"{checkpoints.describe_loss(result['loss_at_start'])}. Choose no_graceful="
+            f"{checkpoint_verdict.describe_loss(result['loss_at_start'])}. Choose no_graceful="
             "wait_for_checkpoint to stop right after the next periodic checkpoint, or "
             "no_graceful=proceed to stop now.", result)
     if options.no_graceful == "wait_for_checkpoint":
@@ -179,20 +180,23 @@ def _no_graceful(options, directory, before, main, result, climb):
             raise StopFailed(str(err), result) from None
 
 
-def _verify(options, directory, before, ended_mid_write, targets, result, main, started):
+def _verify(options, directory, before, targets, result, main, started):
     """Who survived, what was saved and lost; StopFailed when the stop fell short."""
     proc_root = targets.proc_root
     result["targets"] = targets.report()
     if directory.path:
-        result["checkpoint"] = directory.report(before, ended_mid_write)
+        result["checkpoint"] = directory.report(before)
     survivors = targets.alive()
     result["survivors"] = [dict(p, threads=proctable.threads_report(p["pid"], proc_root))
                            for p in targets.report(survivors)]
     result["stopped"] = not survivors
-    by = result["stopped_by"]
-    answered = (not survivors and by is not None and by["stage"] == result["graceful_stage"]
-                and (result["checkpoint"] or {}).get("written"))
-    result["loss"] = directory.loss(answered_at=result.get("signalled_at") if answered else None)
+    ckpt = result["checkpoint"] or {}
+    if ckpt.get("new"):
+        ckpt["new_by"], ckpt["new_by_signal"] = _produced_by(result, ckpt["new_completed_at"])
+    # a checkpoint completed after the first signal, by a trainer that then exited, is its answer
+    answered = not survivors and ckpt.get("written") and result.get("signalled_at") is not None
+    result["loss"] = directory.loss(answered_at=result["signalled_at"] if answered else None)
+    _unexpected_save(options, result)
     result["msg"] = _summary(result, main.pid, started)
     alive = {ident[0] for ident in survivors}
     for rank in (result.get("launcher") or {}).get("ranks", []):
@@ -216,14 +220,39 @@ def _verify(options, directory, before, ended_mid_write, targets, result, main, 
     return result
 
 
+def _produced_by(result, completed_at):
+    """(words, signal or None): what made the new checkpoint. The last signal sent before it
+    completed (the file system's clock is a few ms coarse), else the wait for the trainer's own
+    save, else a save of its own before any signal."""
+    sent = [e for e in result["timeline"] if e["event"] == "signal" and e["at"] <= completed_at + 0.01]
+    if sent:
+        return f"completed after {sent[-1]['signal']}, stage {sent[-1]['stage'] + 1}", sent[-1]["signal"]
+    if any(e["event"] == "checkpoint_landed" for e in result["timeline"]):
+        return "the trainer's own save, which the stop waited for", None
+    return "the trainer's own save, completed before any signal", None
+
+
+def _unexpected_save(options, result):
+    """A checkpoint completed after a signal that saves_on=auto said saves nothing: say so, and
+    name the setting that makes that signal the graceful stage."""
+    ckpt = result["checkpoint"] or {}
+    signal_name = ckpt.get("new_by_signal")
+    if options.saves_on == "auto" and signal_name and ckpt["written"] and \
+            signal_name not in (result["saves_on"]["save_survives"] or []):
+        result["notes"].append(
+            f"the trainer saved a checkpoint on {signal_name}, which {result['saves_on']['words']} did not "
+            f"expect: set trainer_run_saves_on: {signal_name} to make that signal the graceful stage")
+
+
 def _no_checkpoint(result, expected):
     ckpt, loss = result["checkpoint"], result["loss"]
-    why = ("; ".join(ckpt["doubts"]) + f" (new: {ckpt['new']})") if ckpt["new"] else "none appeared"
+    why = (f"{ckpt['new']} completed, but " + "; ".join(ckpt["doubts"])) if ckpt["new"] else \
+        "none completed during the stop"
     incomplete = [a for a in ckpt["appeared"] if not a["complete"]]
     if incomplete:
         why += "; " + "; ".join(f"{a['name']} is incomplete: {'; '.join(a['problems'])}" for a in incomplete)
     text = (f"the trainer stopped, but no new sound checkpoint in {ckpt['dir']}: {why}. "
-            f"{checkpoints.describe_loss(loss)}. Free space there: "
+            f"{checkpoint_verdict.describe_loss(loss)}. Free space there: "
             f"{loss['free_bytes'] / 1024 ** 3:.2f} GiB.")
     if ckpt["temp_files_left"]:
         text += " Temporary files left (not deleted): " + ", ".join(
@@ -241,6 +270,20 @@ def _others(result):
     return "other GPU holders untouched: " + "; ".join(
         f"PID {o['pid']} ({o['cmdline'][:60]}) on {', '.join(o['devices'])}, {o['why']}"
         for o in result["other_gpu_holders"])
+
+
+def _checkpoint_words(ckpt):
+    """The checkpoint part of the stop's message: the same verdict as written, new and doubts."""
+    if ckpt["written"]:
+        words = f"; new checkpoint {ckpt['new']} ({ckpt.get('new_by') or 'completed during the stop'})"
+    elif ckpt["new"]:
+        words = f"; NO sound new checkpoint: {ckpt['new']} completed, but {'; '.join(ckpt['doubts'])}"
+    else:
+        words = "; NO new checkpoint" + (f" (newest complete: {ckpt['newest']}, from before the stop)"
+                                        if ckpt["newest"] else "")
+    if ckpt.get("unfinished"):
+        words += f"; a later save was left unfinished ({', '.join(ckpt['unfinished'])})"
+    return words
 
 
 def _summary(result, main_pid, started):
@@ -262,12 +305,10 @@ def _summary(result, main_pid, started):
         head = f"PID {main_pid} stopped in {took}s"
     ckpt = result.get("checkpoint")
     if ckpt is not None:
-        head += ("; new checkpoint " + ckpt["new"]) if ckpt["written"] else "; NO new checkpoint"
-        if not ckpt["written"] and ckpt["newest"]:
-            head += f" (newest complete: {ckpt['newest']})"
+        head += _checkpoint_words(ckpt)
     loss = result["loss"]
     if loss["saved_on_stop"]:
-        head += f"; 0 steps lost (the trainer saved on {result['stopped_by']['signal']} and exited)"
+        head += f"; 0 steps lost (the trainer saved on {ckpt.get('new_by_signal') or 'its own'} and exited)"
     elif loss["ahead_of_log"] is not None:
         head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
                  f"of the log (step {loss['last_logged_step']}): steps lost not known")

@@ -49,7 +49,7 @@ ARGUMENT_SPEC = {
     "checkpoint_temp_patterns": {"type": "list", "elements": "str",
                                  "default": list(DEFAULT_TEMP_PATTERNS)},
     "checkpoint_activity_window": {"type": "float", "default": 5},
-    "checkpoint_stable_window": {"type": "float", "default": 2},
+    "checkpoint_stable_window": {"type": "float", "default": 0.5},
     "graceful_wait_cap": dict({"type": "float", "default": 900}, **_renamed("checkpoint_max_wait")),
     "require_checkpoint": {"type": "bool", "default": False},
     "on_missing_checkpoint": {"type": "str", "choices": list(ON_MISSING_CHECKPOINT),

@@ -168,12 +168,14 @@ options:
     default: 5
   checkpoint_stable_window:
     description:
-      - With V(wait_for_checkpoint), a new checkpoint counts as landed once it is complete by its
-        layout's rule (and named by the layout's pointer, where it keeps one), no later save has
-        begun, and nothing in it has changed for this many seconds (the files a save writes after
-        the layout's marker).
+      - With V(wait_for_checkpoint), a checkpoint completed during the stop lands at once where
+        its layout marks the end of its save (the marker written last, a rename into place,
+        DCP's C(.metadata), or the layout's pointer naming it). Where the layout marks none
+        (SpecForge's scripts copy the model code after the weights; a C(custom) layout without
+        a marker), it lands once a later save has begun or nothing in it has changed for this
+        many seconds. A quiet directory never makes an incomplete checkpoint land.
     type: float
-    default: 2
+    default: 0.5
   graceful_wait_cap:
     description: Hard cap, in seconds, on the graceful stage's wait including extensions.
     type: float
@@ -195,12 +197,16 @@ options:
     description:
       - What to do when no ladder signal can make the trainer checkpoint (it saves on none of them
         (O(saves_on)), or ignores the one it saves on, as SIGINT after a C(nohup ... &) launch).
-      - V(wait_for_checkpoint) (the checkpoint-aligned stop) sends nothing until the next periodic
-        checkpoint has landed in O(checkpoint_dir) (see O(checkpoint_stable_window)), then runs the
-        ladder from its first stage that can end the process; it waits at most 1.5x the interval
-        between the trainer's periodic checkpoints (counted from its start when it wrote one, else
-        the directory's history) or O(next_checkpoint_timeout), and fails without signalling when
-        none lands or there is no such history.
+      - V(wait_for_checkpoint) (the checkpoint-aligned stop) sends nothing until a checkpoint
+        completed since the stop began has landed in O(checkpoint_dir) (a save already under way
+        counts; see O(checkpoint_stable_window)), then runs the ladder from its first stage that
+        can end the process within 0.2 s, skipping any stage whose signal the trainer ignores. It
+        waits at most 1.5x the interval between the trainer's periodic checkpoints (counted from
+        its start when it wrote one, else the directory's history) or O(next_checkpoint_timeout);
+        while a save is under way (a checkpoint begun during the stop and not complete, however
+        quiet, or a temporary entry written within O(checkpoint_activity_window)) it waits on, up
+        to O(graceful_wait_cap). It fails without signalling when none lands, or when there is no
+        such history and no save under way.
       - V(fail) fails before any signal, reporting what a stop would lose.
       - V(proceed) runs the ladder as configured.
     type: str
@@ -354,7 +360,8 @@ signal_late_s:
   type: float
 timeline:
   description:
-    - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started.
+    - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started,
+      C(at) the wall clock (seconds since the epoch, to compare with file times).
     - Events are C(signal) (with the PIDs it reached), C(skipped), C(waited_for_save) (the first
       signal held while a save was written), C(checkpoint_landed), C(wait_extended), C(held) and
       C(released) (a launcher's agent held while its workers saved), C(elastic_restart) and C(stopped).
@@ -399,17 +406,24 @@ checkpoint:
       C(format_reason) (the layout used, and for V(auto) what it was recognised by), C(newest)
       (the newest complete checkpoint, by step) with C(newest_step) and C(newest_age_s), C(appeared)
       (every checkpoint new or changed since the stop began, each with C(step), C(complete) and the
-      C(problems) that make it incomplete), C(new) (the newest complete one of them) with C(new_step),
-      C(written) (C(new) is sound) and C(doubts) (why not - still being written when the trainer was
-      ended without saving, a later save left unfinished), C(resume) (what the trainer's own resume
-      rule loads - C(name), C(path), C(step), C(complete), C(problems), C(rule)) and
-      C(temp_files_left) with their size.
+      C(problems) that make it incomplete), C(new) (the newest checkpoint that became complete
+      during the stop, by its layout's rule and files, whether it existed before or not: a save
+      under way when the stop began counts) with C(new_step), C(new_completed_at) (its last
+      write, wall clock), C(new_by) and C(new_by_signal) (what produced it - the last signal sent
+      before it completed, or the trainer's own save the stop waited for), C(written) (C(new) is
+      what the resume loads) and C(doubts) (why not - its layout's pointer names another entry),
+      C(unfinished) (later saves left incomplete: reported, never a doubt on C(new)), C(resume)
+      (what the trainer's own resume rule loads - C(name), C(path), C(step), C(complete),
+      C(problems), C(rule)) and C(temp_files_left) with their size. The message says the same
+      verdict.
   returned: when checkpoint_dir is given
   type: dict
   sample: {dir: /workspace/checkpoints, format: hf_trainer, format_reason: "auto: 3 entries like checkpoint-500",
            newest: /workspace/checkpoints/checkpoint-500, newest_step: 500, newest_age_s: 0.4,
            appeared: [{name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true, problems: []}],
-           new: /workspace/checkpoints/checkpoint-500, new_step: 500, written: true, doubts: [],
+           new: /workspace/checkpoints/checkpoint-500, new_step: 500, new_completed_at: 1796170000.4,
+           new_by: "the trainer's own save, which the stop waited for", new_by_signal: null,
+           written: true, doubts: [], unfinished: [],
            resume: {name: checkpoint-500, path: /workspace/checkpoints/checkpoint-500, step: 500, complete: true,
                     problems: [], rule: "the highest checkpoint-N, unchecked (get_last_checkpoint)"},
            temp_files_left: []}

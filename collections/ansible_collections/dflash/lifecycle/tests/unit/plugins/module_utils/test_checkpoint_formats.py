@@ -1,5 +1,5 @@
-"""module_utils/checkpoint_formats.py: the file checks and what each layout claims. (Each
-framework's imitation, its real file formats and a save killed at every point:
+"""module_utils/checkpoint_files.py and checkpoint_formats.py: the file checks and what each
+layout claims. (Each framework's imitation, its real file formats and a save killed at every point:
 tests/unit/test_checkpoint_layouts.py of the project.)"""
 
 import json
@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats as formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files, checkpoint_formats as formats
 
 
 def torch_like_zip(path, payload=b"\0" * 4096):
@@ -39,27 +39,27 @@ def safetensors_file(path, lengths=(64, 32), cut=0):
 
 def test_a_whole_torch_zip_passes_and_every_cut_of_it_fails(tmp_path):
     whole = torch_like_zip(str(tmp_path / "optimizer.pt"))
-    assert formats.file_problem(whole) is None
+    assert checkpoint_files.file_problem(whole) is None
     data = open(whole, "rb").read()
     cut = tmp_path / "cut.pt"
     for length in range(0, len(data), 97):
         cut.write_bytes(data[:length])
-        assert formats.file_problem(str(cut)) is not None, length
+        assert checkpoint_files.file_problem(str(cut)) is not None, length
     cut.write_bytes(data + b"trailing")
-    assert "end-of-central-directory" in formats.file_problem(str(cut))
+    assert "end-of-central-directory" in checkpoint_files.file_problem(str(cut))
 
 
 def test_a_zip_that_is_not_torch_save_and_a_legacy_file_are_named(tmp_path):
     plain = tmp_path / "a.pt"
     with zipfile.ZipFile(plain, "w") as archive:
         archive.writestr("readme", "x")
-    assert formats.file_problem(str(plain)) == "a zip without data.pkl: not a torch.save file"
+    assert checkpoint_files.file_problem(str(plain)) == "a zip without data.pkl: not a torch.save file"
     legacy = tmp_path / "b.pth"
     legacy.write_bytes(pickle.dumps({"a": 1}, protocol=2))
-    assert "legacy (non-zip) torch.save" in formats.file_problem(str(legacy))
+    assert "legacy (non-zip) torch.save" in checkpoint_files.file_problem(str(legacy))
     opaque = tmp_path / "optimizer.bin"  # a .bin of another kind counts when it exists
     opaque.write_bytes(b"\0" * 64)
-    assert formats.file_problem(str(opaque)) is None
+    assert checkpoint_files.file_problem(str(opaque)) is None
 
 
 def test_a_damaged_central_directory_is_found(tmp_path):
@@ -68,26 +68,26 @@ def test_a_damaged_central_directory_is_found(tmp_path):
     cd_offset = struct.unpack_from("<I", data, len(data) - 6)[0]
     data[cd_offset + 42:cd_offset + 46] = struct.pack("<I", len(data) * 2)  # an entry past the end
     (tmp_path / "bad.pt").write_bytes(bytes(data))
-    assert "has no local header" in formats.file_problem(str(tmp_path / "bad.pt"))
+    assert "has no local header" in checkpoint_files.file_problem(str(tmp_path / "bad.pt"))
 
 
 def test_safetensors_must_end_where_its_header_says(tmp_path):
-    assert formats.file_problem(str(safetensors_file(tmp_path / "model.safetensors"))) is None
-    problem = formats.file_problem(str(safetensors_file(tmp_path / "cut.safetensors", cut=5)))
+    assert checkpoint_files.file_problem(str(safetensors_file(tmp_path / "model.safetensors"))) is None
+    problem = checkpoint_files.file_problem(str(safetensors_file(tmp_path / "cut.safetensors", cut=5)))
     assert "end at 96 bytes of data, the file holds 91 (cut short)" in problem
     (tmp_path / "h.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
-    assert "does not fit" in formats.file_problem(str(tmp_path / "h.safetensors"))
+    assert "does not fit" in checkpoint_files.file_problem(str(tmp_path / "h.safetensors"))
 
 
 def test_json_must_parse(tmp_path):
     (tmp_path / "trainer_state.json").write_text('{"global_step": 3')
-    assert formats.file_problem(str(tmp_path / "trainer_state.json")).startswith("does not parse as JSON")
+    assert checkpoint_files.file_problem(str(tmp_path / "trainer_state.json")).startswith("does not parse as JSON")
 
 
 def test_the_step_in_a_torch_files_pickle_is_read_without_unpickling(tmp_path):
     path = torch_like_zip(str(tmp_path / "last.ckpt"))
-    assert formats.pickled_int(path, "global_step") == 321
-    assert formats.pickled_int(path, "missing") is None
+    assert checkpoint_files.pickled_int(path, "global_step") == 321
+    assert checkpoint_files.pickled_int(path, "missing") is None
 
 
 @pytest.mark.parametrize("layout,names,claimed,steps", [
@@ -149,18 +149,20 @@ def test_what_a_trainer_saves_on(tmp_path):
 
 def test_the_pointer_of_a_layout_is_a_file_or_a_link(tmp_path):
     (tmp_path / "latest").write_text("global_step7\n")
-    assert formats.read_pointer(str(tmp_path), "latest") == "global_step7"
+    assert checkpoint_files.read_pointer(str(tmp_path), "latest") == "global_step7"
     os.symlink("dflash-step9", tmp_path / "dflash-latest")
-    assert formats.read_pointer(str(tmp_path), "dflash-latest") == "dflash-step9"
-    assert formats.read_pointer(str(tmp_path), "absent") is None
+    assert checkpoint_files.read_pointer(str(tmp_path), "dflash-latest") == "dflash-step9"
+    assert checkpoint_files.read_pointer(str(tmp_path), "absent") is None
 
 
 def test_the_file_checks_need_no_more_than_the_standard_library():
-    """The CT has a bare Python: the module imports nothing else."""
-    source = open(formats.__file__, encoding="utf-8").read()
-    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
-               if line.startswith(("import ", "from ")) and "__future__" not in line}
-    assert imports <= {"fnmatch", "io", "json", "os", "pickletools", "re", "signal", "struct", "zipfile"}
+    """The CT has a bare Python: the modules import nothing else (but each other)."""
+    for module in (formats, checkpoint_files):
+        source = open(module.__file__, encoding="utf-8").read()
+        imports = {line.split()[1] for line in source.splitlines()
+                   if line.startswith(("import ", "from ")) and "__future__" not in line}
+        assert imports - {"ansible_collections.dflash.lifecycle.plugins.module_utils"} <= {
+            "fnmatch", "io", "json", "os", "pickletools", "re", "signal", "struct", "zipfile"}, module
 
 
 def test_dcp_data_without_its_metadata_is_incomplete_in_any_layout(tmp_path):
@@ -168,7 +170,7 @@ def test_dcp_data_without_its_metadata_is_incomplete_in_any_layout(tmp_path):
     follows DCP's rule: .metadata is renamed into place last."""
     files = {"__0_0.distcp", "__1_0.distcp"}
     assert formats.layout("step_dirs").marker_problems(str(tmp_path), "step_5", str(tmp_path), files) == [
-        formats.NO_DCP_METADATA]
+        checkpoint_files.NO_DCP_METADATA]
     assert formats.layout("step_dirs").marker_problems(str(tmp_path), "step_5", str(tmp_path),
                                                        files | {".metadata"}) == []
     assert formats.layout("dcp").marker_problems(str(tmp_path), "step-5", str(tmp_path), {"__0.metadata"}) == []
@@ -201,7 +203,7 @@ def test_damage_of_any_shape_is_a_problem_never_an_error(tmp_path):
             damaged = damaged[:rng.randint(0, len(damaged))] if trial % 2 else damaged
             path = tmp_path / f"d{trial}{suffix}"
             path.write_bytes(bytes(damaged))
-            problem = formats.file_problem(str(path))
+            problem = checkpoint_files.file_problem(str(path))
             assert problem is None or isinstance(problem, str)
             if len(damaged) < len(data):
                 assert problem is not None, trial

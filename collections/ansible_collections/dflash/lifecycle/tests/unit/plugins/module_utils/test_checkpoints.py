@@ -1,14 +1,15 @@
-"""module_utils/checkpoints.py: a checkpoint directory read by its layout - what is complete, what
-a stop wrote or lost, what the resume loads. (Every framework's layout, with its real file
+"""module_utils/checkpoints.py and checkpoint_verdict.py: a checkpoint directory read by its
+layout - what is complete, what a stop wrote or lost, what the resume loads. (Every framework's layout, with its real file
 formats and a save killed at every point: tests/unit/test_checkpoint_layouts.py of the project.)"""
 
 import json
 import os
 import time
+from unittest import mock
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoint_verdict, checkpoints
 
 
 def directory(path, **params):
@@ -68,17 +69,7 @@ def test_a_checkpoint_cut_in_place_is_incomplete_by_its_files(tmp_path):
     assert report["newest"].endswith("step_10")
 
 
-def test_a_checkpoint_written_when_the_trainer_was_killed_is_not_written(tmp_path):
-    save(tmp_path, "step_10", age=60)
-    ck = directory(tmp_path)
-    before = ck.entries()
-    save(tmp_path, "step_20")
-    report = ck.report(before, ended_mid_write=True)
-    assert report["new"].endswith("step_20") and report["written"] is False
-    assert "still being written" in report["doubts"][0]
-
-
-def test_an_unfinished_later_save_is_a_doubt(tmp_path):
+def test_a_later_save_left_unfinished_is_listed_apart_and_never_undoes_the_written_one(tmp_path):
     save(tmp_path, "step_10", age=60)
     ck = directory(tmp_path)
     before = ck.entries()
@@ -88,33 +79,58 @@ def test_an_unfinished_later_save_is_a_doubt(tmp_path):
     (tmp_path / ".tmp-step_30-9").mkdir()  # a save after it never finished
     (tmp_path / ".tmp-step_30-9" / "optimizer.bin").write_bytes(b"\0" * 10)
     report = ck.report(before)
-    assert report["written"] is False and "later save was left unfinished (.tmp-step_30-9)" in report["doubts"][0]
+    assert report["written"] is True and report["doubts"] == [] and report["new"].endswith("step_20")
+    assert report["unfinished"] == [".tmp-step_30-9"]
 
 
-def test_settled_needs_a_complete_checkpoint_and_its_pointer_or_a_quiet_window(tmp_path):
+def test_a_checkpoint_the_pointer_does_not_name_is_complete_but_not_written(tmp_path):
+    save(tmp_path, "step_10", age=60)
+    (tmp_path / "latest").write_text("step_10\n")
+    ck = directory(tmp_path)
+    before = ck.entries()
+    save(tmp_path, "step_20")  # renamed into place; killed before latest was moved
+    report = ck.report(before)
+    assert report["new"].endswith("step_20") and report["written"] is False
+    assert report["doubts"] == ["the trainer's resume would not load it: latest names step_10 (the save did not finish)"]
+
+
+def test_landed_needs_a_complete_checkpoint_and_its_pointer(tmp_path):
     save(tmp_path, "step_10", age=60)
     (tmp_path / "latest").write_text("step_10\n")
     ck = directory(tmp_path, stable_window=0.5)
     before = ck.entries()
     save(tmp_path, "step_20", text='{"w": ')  # being written: quiet or not, not complete
     aged(tmp_path / "step_20", 30)
-    assert ck.settled(before) is None
+    assert ck.landed(before) is None
     save(tmp_path, "step_20")
     aged(tmp_path / "step_20", 30)
-    assert ck.settled(before) is None  # latest still names step_10: the save is not over
+    assert ck.landed(before) is None  # latest still names step_10: the save is not over
     (tmp_path / "latest").write_text("step_20\n")  # the pointer is the layout's last write
-    assert ck.settled(before) == "step_20"
+    assert ck.landed(before) == "step_20"
 
 
-def test_without_a_pointer_a_complete_checkpoint_settles_after_the_quiet_window(tmp_path):
-    """HF rotates old checkpoints away after trainer_state.json: the save is over once quiet."""
+def test_a_completion_mark_lands_at_once_and_without_one_after_the_quiet_window(tmp_path):
+    """HF's trainer_state.json is its last write: landed at once, even with the next save begun.
+    SpecForge's scripts mark nothing (the model code is copied after the weights): landed once
+    quiet for the stable window."""
     ck = directory(tmp_path, stable_window=0.5)
     before = ck.entries()
     (tmp_path / "checkpoint-30").mkdir()
     (tmp_path / "checkpoint-30" / "trainer_state.json").write_text('{"global_step": 30}')
-    assert ck.settled(before) is None
-    time.sleep(0.6)
-    assert ck.settled(before) == "checkpoint-30"
+    (tmp_path / "checkpoint-40").mkdir()  # the next save, begun
+    assert ck.landed(before) == "checkpoint-30"
+    scripts = tmp_path / "scripts"
+    ck = directory(scripts, stable_window=0.5)
+    before = ck.entries()
+    (scripts / "epoch_0_step_30").mkdir(parents=True)
+    for name in ("training_state.pt", "config.json", "model.safetensors"):
+        (scripts / "epoch_0_step_30" / name).write_bytes(b"")
+    checkpoints._CHECKED.clear()
+    # the files' own checks are test_checkpoint_formats.py's: here each counts as whole
+    with mock.patch.object(checkpoints.checkpoint_files, "file_problem", return_value=None):
+        assert ck.landed(before) is None
+        time.sleep(0.6)
+        assert ck.landed(before) == "epoch_0_step_30"
 
 
 def test_loss_interval_and_a_checkpoint_ahead_of_the_log(tmp_path):
@@ -127,11 +143,11 @@ def test_loss_interval_and_a_checkpoint_ahead_of_the_log(tmp_path):
     loss = ck.loss()
     assert (loss["checkpoint_step"], loss["last_logged_step"], loss["steps_lost"]) == (200, 250, 50)
     assert 19 < loss["checkpoint_interval_s"] < 21 and loss["free_bytes"] > 0
-    assert "50 steps not in a checkpoint" in checkpoints.describe_loss(loss)
+    assert "50 steps not in a checkpoint" in checkpoint_verdict.describe_loss(loss)
     save(ck_dir, "step_300", age=1)  # the log trails the checkpoint
     loss = ck.loss()
     assert loss["steps_lost"] is None and loss["ahead_of_log"] == 50
-    assert "50 steps ahead of the log's last step 250" in checkpoints.describe_loss(loss)
+    assert "50 steps ahead of the log's last step 250" in checkpoint_verdict.describe_loss(loss)
 
 
 def test_a_checkpoint_written_in_answer_to_the_stop_loses_nothing(tmp_path):
@@ -178,7 +194,7 @@ def test_without_any_checkpoint_every_logged_step_is_lost(tmp_path):
     (tmp_path / "ck").mkdir()
     loss = directory(tmp_path / "ck", log_file=str(log)).loss()
     assert (loss["checkpoint"], loss["last_logged_step"], loss["steps_lost"]) == (None, 250, 250)
-    assert checkpoints.describe_loss(loss) == "there is no complete checkpoint: a stop loses the whole run (250 steps)"
+    assert checkpoint_verdict.describe_loss(loss) == "there is no complete checkpoint: a stop loses the whole run (250 steps)"
 
 
 def test_an_incomplete_pick_of_the_resume_is_moved_aside_never_deleted(tmp_path):
@@ -245,18 +261,18 @@ def test_auto_waits_for_the_first_checkpoint_to_know_the_layout(tmp_path):
 def test_save_in_progress_is_a_recent_temporary_or_incomplete_entry(tmp_path):
     save(tmp_path, "step_10", age=60)
     ck = directory(tmp_path, activity_window=5)
-    assert ck.save_in_progress() is None
+    assert ck.save_in_progress() == []
     (tmp_path / ".tmp-step_20-3").mkdir()
-    assert ck.save_in_progress() == ".tmp-step_20-3"
+    assert ck.save_in_progress() == [".tmp-step_20-3"]
     aged(tmp_path / ".tmp-step_20-3", 30)  # left by a save long ago: not in progress
-    assert ck.save_in_progress() is None
+    assert ck.save_in_progress() == []
     save(tmp_path, "step_30", text="{")
-    assert ck.save_in_progress() == "step_30"
+    assert ck.save_in_progress() == ["step_30"]
 
 
 def test_activity_is_sampled_at_most_twice_a_second(tmp_path):
     ck = directory(tmp_path)
-    activity = checkpoints.Activity(ck.fingerprint, window=5)
+    activity = checkpoint_verdict.Activity(ck.fingerprint, window=5)
     (tmp_path / "f").write_text("x")
     now = time.monotonic()
     activity.sample(now)  # within the sample period of the first read: not read again
