@@ -12,6 +12,7 @@ and bench/own_checkpoint_stop.py use it.
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,13 @@ ARGS = ["--target-gpus", "0", "--drafter-gpus", "1", "--epochs", "1", "--steps-p
 LADDER = [{"signal": "SIGINT", "scope": "main", "wait": 15}, {"signal": "SIGTERM", "scope": "tree", "wait": 10},
           {"signal": "SIGKILL", "scope": "tree", "wait": 5}]
 PROGRESS = re.compile(r"\bstep (\d+) epoch")
+
+
+def _default_signals():
+    """SIGINT and SIGTERM at their defaults, as the launch starts a trainer: a test run started as
+    a background job of a non-interactive shell would pass SIGINT on ignored (as nohup ... & does)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Trainer:
@@ -54,7 +62,8 @@ class Trainer:
                 "--save-interval", str(save_every), "--profile-interval", str(log_every)]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_default_signals)
 
     def text(self):
         with open(self.log, encoding="utf-8", errors="replace") as handle:

@@ -233,7 +233,7 @@ def test_full_checkpoint_filesystem_is_reported_and_nothing_deleted(ct, tmp_path
         ct.sh(f"dd if=/dev/zero of={OUT}/filler bs=4k 2>/dev/null || true")  # the disk is full
         result = stop(tmp_path, expect_failure=True, checkpoint_dir=OUT, log_file="/workspace/train.log",
                       ladder=FAST_LADDER)  # fails by default
-        assert "no new sound checkpoint in /workspace/ck: none appeared" in result["msg"]
+        assert "no new sound checkpoint in /workspace/ck: none completed during the stop" in result["msg"]
         assert "No trainer is running" in result["msg"] and "Free space there: 0.00 GiB" in result["msg"]
         assert re.search(r"the log is at step \d+: \d+ steps not in a checkpoint", result["msg"])
         assert "Temporary files left (not deleted): .tmp-step_" in result["msg"]

@@ -110,21 +110,23 @@ def test_make_targets_need_a_host_that_selects_a_trainer_ct(tmp_path):
 def test_a_rollback_during_a_redeploy_is_refused_and_another_ct_is_not(testbed):
     # seeded here: the test files before this one may have run on another worker's testbed
     testbed.playbook(os.path.join(REPO, "playbooks", "testbed_seed.yml"), "-e", "seed_hosts=ct300,ct301")
-    # the redeploy holds ct301's lock through its launch's health watch (10 s)
+    # the redeploy holds ct301's lock through its launch's health watch (20 s: the calls below, under load)
     redeploy = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301",
-                                 "-e", "trainer_launch_health_seconds=10"], cwd=REPO, env=tool_env(),
+                                 "-e", "trainer_launch_health_seconds=20"], cwd=REPO, env=tool_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
-        while '"phase": "launch"' not in in_ct(testbed, "pve2", 301, "cat /run/dflash/redeploy.lock",
-                                                check=False).stdout:
+        lock = ""
+        while '"phase": "launch"' not in lock:
             assert time.monotonic() < deadline and redeploy.poll() is None
             time.sleep(0.2)
+            lock = in_ct(testbed, "pve2", 301, "cat /run/dflash/redeploy.lock", check=False).stdout
+        # read now: under load the health watch may end, and the lock go, before the calls below do
+        holder = json.loads(lock)["holder"]
         status = make("status", "HOST=ct301")
         assert re.search(r"locked_by: .*ansible-playbook pid \d+, phase launch", status.stdout), status.stdout
         refused = make("rollback", "HOST=ct301")
         assert refused.returncode != 0
-        holder = json.loads(in_ct(testbed, "pve2", 301, "cat /run/dflash/redeploy.lock").stdout)["holder"]
         assert f"CT is being redeployed by {holder} since " in refused.stdout
         assert "last phase: launch" in refused.stdout and "Now in this CT: the trainer PID" in refused.stdout
         other = make("stop", "HOST=ct300")  # another CT: its own lock

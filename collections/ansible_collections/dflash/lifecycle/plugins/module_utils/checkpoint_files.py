@@ -37,7 +37,6 @@ TORCH_SUFFIXES = (".pt", ".pth", ".ckpt")
 PICKLE_INT_OPS = {"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"}
 MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
 
-# -- file formats -----------------------------------------------------------------------------
 
 def _read_at(handle, offset, length):
     handle.seek(offset)

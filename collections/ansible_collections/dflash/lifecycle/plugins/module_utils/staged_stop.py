@@ -279,8 +279,8 @@ def _checkpoint_words(ckpt):
     elif ckpt["new"]:
         words = f"; NO sound new checkpoint: {ckpt['new']} completed, but {'; '.join(ckpt['doubts'])}"
     else:
-        words = "; NO new checkpoint" + (f" (newest complete: {ckpt['newest']}, from before the stop)"
-                                        if ckpt["newest"] else "")
+        newest = f" (newest complete: {ckpt['newest']}, from before the stop)" if ckpt["newest"] else ""
+        words = "; NO new checkpoint" + newest
     if ckpt.get("unfinished"):
         words += f"; a later save was left unfinished ({', '.join(ckpt['unfinished'])})"
     return words

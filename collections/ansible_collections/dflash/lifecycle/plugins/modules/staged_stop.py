@@ -407,12 +407,12 @@ checkpoint:
       (the newest complete checkpoint, by step) with C(newest_step) and C(newest_age_s), C(appeared)
       (every checkpoint new or changed since the stop began, each with C(step), C(complete) and the
       C(problems) that make it incomplete), C(new) (the newest checkpoint that became complete
-      during the stop, by its layout's rule and files, whether it existed before or not: a save
+      during the stop, by its layout's rule and files, whether it existed before or not - a save
       under way when the stop began counts) with C(new_step), C(new_completed_at) (its last
       write, wall clock), C(new_by) and C(new_by_signal) (what produced it - the last signal sent
       before it completed, or the trainer's own save the stop waited for), C(written) (C(new) is
       what the resume loads) and C(doubts) (why not - its layout's pointer names another entry),
-      C(unfinished) (later saves left incomplete: reported, never a doubt on C(new)), C(resume)
+      C(unfinished) (later saves left incomplete - reported, never a doubt on C(new)), C(resume)
       (what the trainer's own resume rule loads - C(name), C(path), C(step), C(complete),
       C(problems), C(rule)) and C(temp_files_left) with their size. The message says the same
       verdict.

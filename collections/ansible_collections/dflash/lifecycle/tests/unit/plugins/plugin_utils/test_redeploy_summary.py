@@ -55,7 +55,7 @@ def test_installed_already_and_drift():
 def test_a_stop_that_lost_work_says_no_trainer_runs():
     failed_stop = dict(STOP, failed=True, stopped_by={"stage": 0, "signal": "SIGINT", "scope": "main"},
                        checkpoint={"new": None, "written": False},
-                       msg="the trainer stopped, but no new sound checkpoint in /ck: none appeared.")
+                       msg="the trainer stopped, but no new sound checkpoint in /ck: none completed during the stop.")
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=failed_stop)
     assert lines[0] == "ct200: release new1 (new: 1 modified, 0 added, 0 removed), stop failed, not launched"
     assert lines[1].startswith("stop failed: the trainer stopped, but no new sound checkpoint")
