@@ -14,7 +14,12 @@ A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user dr
 6. `make stop` signals both at one moment and reports the gang's skew and checkpoint;
 7. `make start` launches both from that checkpoint;
 8. `make rollback` stops both together and relaunches both on the previous release from the new
-   checkpoint.
+   checkpoint;
+9. rank 0 saves alone (the other ranks leave at once): the gang's checkpoint is judged once every
+   CT has stopped, and make stop, make start and make restart succeed;
+10. a stop phase that fails (a save cut): both CTs run the release of before again from the
+    checkpoint, and the redeploy fails naming the cause;
+11. torch found only through dflash_env's PYTHONPATH: the preflight finds it as the run does.
 """
 
 import json
@@ -26,7 +31,7 @@ import time
 
 import pytest
 
-from testlib import GANG, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
+from testlib import GANG, REPO, TORCH_PYTHON, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
 
 STATE = "/var/lib/dflash-testbed/gang"
 CTS = {"ct400": ("gn1", 400), "ct401": ("gn2", 401)}
@@ -112,7 +117,7 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
                       gang.sh("ct400", "cat /workspace/logs/train.log.1")) == [
         f"checkpoint saved: {CKPT}/{checkpoint} (step {checkpoint[5:]}, interrupt)"]
     for rank, host in enumerate(CTS):
-        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 2 ranks healthy after [0-9.]+s, resumed from "
+        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 2 ranks \(1 GPU\(s\) each\) healthy after [0-9.]+s, resumed from "
                          rf"{CKPT}/{checkpoint}\b", res.out), res.out
     assert f"resumed from {CKPT}/{checkpoint}" in gang.sh("ct400", "cat /workspace/logs/train.log")
     new = {host: gang.run(host) for host in CTS}
@@ -132,7 +137,9 @@ def test_3_a_launch_that_fails_on_one_ct_rolls_both_back_and_names_it(gang, tmp_
                        '        raise RuntimeError("this release fails on node rank 1")\n'))
     res = gang.make("restart", {"trainer_code_src": failing})
     assert res.returncode != 0
-    assert "ct401: its run (PID" in res.out and "RuntimeError: this release fails on node rank 1" in res.out, res.out
+    # ct401 is named with its error, whichever of its launch or the read right after it saw it end
+    assert re.search(r"ct401: (its run \(PID|the trainer \(PID|rank processes)", res.out), res.out
+    assert "RuntimeError: this release fails on node rank 1" in res.out, res.out
     checkpoint = re.search(rf"checkpoint {CKPT}/(step_\d+) \(0 steps lost\)", res.out).group(1)
     for host in CTS:
         assert gang.current(host) == old_release
@@ -166,8 +173,8 @@ def test_5_cts_that_see_different_checkpoint_directories_are_refused(gang):
     try:
         res = gang.make("restart")
         assert res.returncode != 0
-        refused = re.search(r"ct401 sees another checkpoint directory than ct400 \(only on ct400: (step_\d+)[^)]*only "
-                            r"on ct401: step_1\)", res.out)
+        refused = re.search(r"ct401 does not see the marks of ct400 in \S+/\.dflash-gang/\S+ within [0-9.]+s \(only on "
+                            r"ct400: (step_\d+)[^)]*only on ct401: step_1\)", res.out)
         assert refused, res.out
         assert {host: gang.run(host) for host in CTS} == before
     finally:
@@ -211,3 +218,69 @@ def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous
         assert agent and len(workers) == 2 and agent != old[host][0], host
         assert re.search(rf"ok: \[{host}\] => msg: rolled back to {previous}, PID {agent}", res.out), res.out
     assert f"resumed from {stopped.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_9_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
+    """The common pattern: rank 0 saves (3 s here), the other ranks leave on KeyboardInterrupt at
+    once, so ct401's stop ends before ct400's rank 0 has renamed its checkpoint into place. The
+    gang's checkpoint is judged on every CT once every CT has stopped: make stop, make start and
+    a make restart whose stop would have raced all succeed, and the relaunch resumes from it."""
+    alone = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
+                            "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "3", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    res = gang.make("restart", alone)  # the run the next stop meets saves as rank 0 alone
+    assert res.returncode == 0, res.stdout[-6000:]
+    res = gang.make("stop", alone)
+    assert res.returncode == 0, res.stdout[-6000:]
+    # ct401's own stop ended before the save was complete: the race the gang's judgement waits out
+    assert re.search(r"ok: \[ct401\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; NO new checkpoint",
+                     res.out), res.out
+    saved = re.search(rf"ok: \[ct400\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
+                      rf"({CKPT}/step_\d+)", res.out).group(1)
+    assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together .*?, checkpoint {saved}", res.out), res.out
+    assert all(gang.run(host) == (None, []) for host in CTS)
+    res = gang.make("start", alone)
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert f"resumed from {saved}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+    res = gang.make("restart", alone)
+    assert res.returncode == 0, res.stdout[-6000:]
+    checkpoint = re.search(rf"checkpoint ({CKPT}/step_\d+) \(0 steps lost\), every CT running", res.out)
+    assert checkpoint and checkpoint.group(1) != saved, res.out
+    assert f"resumed from {checkpoint.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_10_a_gang_whose_stop_phase_failed_runs_again_from_its_checkpoint(gang, tmp_path):
+    """The run of test 9 saves for 3 s on SIGINT; a ladder that sends SIGTERM after 1 s cuts that
+    save, so no CT sees a new checkpoint and the stop phase fails. Every CT's run is gone and the
+    older checkpoint is complete: the release of before runs again from it on both CTs, and the
+    redeploy fails naming the cause."""
+    old_release = gang.current("ct400")
+    newest = gang.sh("ct400", f"cat {CKPT}/latest").strip().split("/")[-1]
+    release = trainer_source(tmp_path / "next", lambda t: t + "\n# a release the stop never reaches\n")
+    res = gang.make("restart", {"trainer_code_src": release, "trainer_stop_graceful_wait_cap": 1,
+                                "trainer_stop_ladder": [{"signal": "SIGINT", "scope": "main", "wait": 1},
+                                                        {"signal": "SIGTERM", "scope": "tree", "wait": 10},
+                                                        {"signal": "SIGKILL", "scope": "tree", "wait": 5}]})
+    assert res.returncode != 0
+    assert f"gang {GANG} after its stop: no CT of the gang saw a new sound checkpoint" in res.out, res.out
+    assert "(the release of before, relaunched from its checkpoint after the stop phase failed)" in res.out, res.out
+    for host in CTS:
+        assert gang.current(host) == old_release
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, (host, res.out)
+    assert f"resumed from {CKPT}/{newest}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_11_a_run_whose_torch_only_dflash_env_finds_is_launched(gang):
+    """trainer_run_python is the CT's bare python3 and torch comes from the PYTHONPATH the run's
+    environment sets, as the run itself finds it: the preflight's probe finds it the same way."""
+    site = os.path.dirname(os.path.dirname(gang.sh("ct400", f"{TORCH_PYTHON} -c 'import torch; print(torch.__file__)'")
+                                           .strip()))
+    env_torch = {"trainer_run_python": "/usr/bin/python3",
+                 "dflash_env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": site}}
+    assert "No module named 'torch'" in gang.sh("ct400", "/usr/bin/python3 -c 'import torch' 2>&1 || true")
+    res = gang.make("restart", env_torch)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for host in CTS:
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, host
+        assert "/usr/bin/python3" in gang.sh(host, f"tr '\\0' ' ' < /proc/{agent}/cmdline")

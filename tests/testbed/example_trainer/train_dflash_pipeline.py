@@ -45,6 +45,9 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       that step would rewrite it in place)
   DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
                                       reparented to PID 1) that holds GPU 0 until killed
+  DFLASH_TEST_RANK0_SAVES_ALONE=1     under a launcher, rank 0 saves on an interrupt and the
+                                      other ranks exit at once, as `if dist.get_rank() == 0:
+                                      save(...)` trainers do (no barrier for its save)
 
 Under a launcher (torchrun, accelerate: RANK and WORLD_SIZE in its environment) every rank
 trains; rank 0 logs and saves, as a DDP trainer's does, and on an interrupt the other ranks wait
@@ -173,7 +176,8 @@ class Ranks:
         return RANK == 0
 
     def barrier(self):
-        if self.dist is not None:
+        """The other ranks wait for rank 0's save, unless rank 0 saves alone (then no rank waits)."""
+        if self.dist is not None and os.environ.get("DFLASH_TEST_RANK0_SAVES_ALONE") != "1":
             self.dist.barrier()
 
     def agree(self, stop, tokens):

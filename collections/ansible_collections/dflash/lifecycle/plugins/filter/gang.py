@@ -16,6 +16,8 @@ from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang as ga
 PHASE_RESULTS = {"release": "trainer_code_manifest", "preflight": "trainer_preflight_result",
                  "push": "trainer_code_installed", "rollback": "trainer_code_rolled_back", "stop": "trainer_stop_result",
                  "launch": "trainer_launch_result"}
+# what every CT reads once a phase has ended on all of them (trainer_info)
+AFTER_PHASE = {"stop": "trainer_run_gang_stopped", "launch": "trainer_run_gang_running"}
 
 
 def _var(hostvars, host, name):
@@ -62,8 +64,11 @@ def gang_barrier(host, hostvars, groups, phase, job_hosts=None, on_missing_check
         raise AnsibleFilterError(f"gang_barrier: phase {phase!r} is not one of settings, {', '.join(PHASE_RESULTS)}")
     plan = gang_plan(host, hostvars, groups)
     results = {m: _var(hostvars, m, PHASE_RESULTS[phase]) for m in plan["members"]}
-    running = {m: _var(hostvars, m, "trainer_run_gang_running") for m in plan["members"]} if phase == "launch" else None
-    return gangs.phase_problems(plan, results, phase, bool(check_mode), on_missing_checkpoint, running)
+    # what every CT read once the phase had ended on all of them: whether its run still runs (launch),
+    # what it sees of the shared checkpoint directory (stop)
+    read = AFTER_PHASE.get(phase)
+    after = {m: _var(hostvars, m, read) for m in plan["members"]} if read else None
+    return gangs.phase_problems(plan, results, phase, bool(check_mode), on_missing_checkpoint, after)
 
 
 def gang_throughput(gang, hostvars, which):
@@ -94,6 +99,15 @@ def gang_report(host, hostvars, groups, holder="", check_mode=False):
     return gangs.report(plan, summaries, stops, bool(check_mode))
 
 
+def gang_relaunchable(host, hostvars, groups):
+    """Whether the gang whose stop phase failed can run again from its checkpoint
+    (plugin_utils/gang.py relaunchable): {relaunch, checkpoint, why}."""
+    plan = gang_plan(host, hostvars, groups)
+    members = plan["members"]
+    return gangs.relaunchable({m: _var(hostvars, m, "trainer_stop_result") for m in members},
+                              {m: _var(hostvars, m, AFTER_PHASE["stop"]) for m in members})
+
+
 def gang_stop_report(host, hostvars, groups):
     """The gang's stop in a line (plugin_utils/gang.py stop_report), from each member's stop result."""
     plan = gang_plan(host, hostvars, groups)
@@ -101,9 +115,11 @@ def gang_stop_report(host, hostvars, groups):
 
 
 class FilterModule:
-    """gang_plan, gang_launcher_options, gang_barrier, gang_throughput, gang_report, gang_stop_report."""
+    """gang_plan, gang_launcher_options, gang_barrier, gang_throughput, gang_report, gang_relaunchable,
+    gang_stop_report."""
 
     def filters(self):
         return {"gang_plan": gang_plan, "gang_launcher_options": gang_launcher_options,
                 "gang_barrier": gang_barrier, "gang_throughput": gang_throughput,
-                "gang_report": gang_report, "gang_stop_report": gang_stop_report}
+                "gang_report": gang_report, "gang_relaunchable": gang_relaunchable,
+                "gang_stop_report": gang_stop_report}

@@ -7,10 +7,9 @@ step, is it complete (and why not), is its save over, which one would the traine
 pick, and on which signals does the trainer save (or finish a save it is writing). The stop,
 the launch and the status ask these objects; no framework's name appears anywhere else.
 
-Completeness never rests on a quiet directory. It is the layout's own marker (the file it
-writes last, or the pointer it moves last), and every file structurally valid for its kind
-(module_utils/checkpoint_files.py). The rules come from each framework's source, named on
-its class.
+Completeness never rests on a quiet directory: it is the layout's own marker (the file it writes
+last, or the pointer it moves last), and every file structurally valid for its kind
+(module_utils/checkpoint_files.py). The rules come from each framework's source, named on its class.
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ import signal
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files
 
-# the launch moves a checkpoint the resume would pick but that is incomplete here, never deletes
-MOVED_ASIDE = ".incomplete"
+# not checkpoints: where the launch moves an incomplete one the resume would pick (never deleted),
+# and where a gang's CTs leave the marks that prove they share the directory (preflight.py)
+MOVED_ASIDE, GANG_MARKS = ".incomplete", ".dflash-gang"
 
 
 class Layout:
@@ -407,7 +407,7 @@ def listing(directory):
     except OSError:
         return found
     for name in names:
-        if name == MOVED_ASIDE:
+        if name in (MOVED_ASIDE, GANG_MARKS):
             continue
         found[name] = os.path.isdir(os.path.join(directory, name)) and not os.path.islink(
             os.path.join(directory, name))

@@ -178,24 +178,65 @@ def reader_of(params):
                               params["profile_line_regex"], params["profile_stage_regex"])
 
 
+class GangPeers:
+    """The CTs of a gang tell each other how their launch goes, through one small file each in
+    the checkpoint directory they share (gang_health: dir, me, members): a CT whose agent exited
+    or printed a traceback writes why; the others, waiting for a rendezvous that will never
+    complete, stop waiting within PEER_POLL_SECONDS instead of the whole health timeout."""
+
+    PEER_POLL_SECONDS = 0.5
+
+    def __init__(self, spec):
+        self.dir, self.me, self.members = spec["dir"], spec["me"], spec["members"]
+        self.read_at = 0.0
+        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        self.tell("starting")
+
+    def tell(self, state):
+        write_atomic(os.path.join(self.dir, self.me), f"{state}\n", mode=0o644)
+
+    def failed(self):
+        """(member, why) of another CT whose launch failed, or None (read every PEER_POLL_SECONDS)."""
+        now = time.monotonic()
+        if now - self.read_at < self.PEER_POLL_SECONDS:
+            return None
+        self.read_at = now
+        for member in self.members:
+            try:
+                with open(os.path.join(self.dir, member), encoding="utf-8") as handle:
+                    state = handle.readline().strip()
+            except OSError:
+                continue
+            if member != self.me and state.startswith("failed: "):
+                return member, state[len("failed: "):]
+        return None
+
+
 def wait_healthy(proc, params):
     reader = reader_of(params)
     report = ProgressFile(params.get("progress_file"))
     started = time.monotonic()
+    peers = GangPeers(params["gang_health"]) if params.get("gang_health") else None
     try:
         if params.get("gang"):
-            ranks = _wait_all_ranks(proc, params, report)
+            ranks = _wait_all_ranks(proc, params, report, peers)
             if 0 not in [r["rank"] for r in ranks["ranks_env"]]:
-                facts = _stay_alive(proc, params, ranks, report, started)
+                facts = _stay_alive(proc, params, ranks, report, started, peers)
                 facts.update(launcher=ranks, throughput=None, logs_progress=False)
                 return facts
-        facts = _wait_first_progress(proc, params, reader, report)
+        facts = _wait_first_progress(proc, params, reader, report, peers)
         if params.get("gang"):
             facts["logs_progress"] = True
         facts["launcher"] = _ranks_running(proc, params)
-        facts["throughput"] = _wait_throughput(proc, params, reader, report)
+        facts["throughput"] = _wait_throughput(proc, params, reader, report, peers)
+    except LaunchError as err:
+        if peers is not None and not err.details.get("peer"):
+            peers.tell("failed: " + str(err).splitlines()[0])
+        raise
     finally:
         report.close()
+    if peers is not None:
+        peers.tell("healthy")
     return facts
 
 
@@ -230,12 +271,12 @@ def _ranks_running(proc, params):
     return facts
 
 
-def _wait_all_ranks(proc, params, report):
+def _wait_all_ranks(proc, params, report, peers=None):
     """Until every rank the agent's command line asks for runs (the rendezvous is complete), up to
     health_timeout: the launcher's facts with each worker's global rank (ranks_env)."""
     began = time.monotonic()
     while True:
-        lines = _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began, peers)
         run, asked = _launcher_run(proc)
         wanted = (asked or 1) if run else None
         if run is not None and len(run.workers) >= wanted:
@@ -253,13 +294,13 @@ def _wait_all_ranks(proc, params, report):
         time.sleep(HEALTH_POLL_SECONDS)
 
 
-def _stay_alive(proc, params, ranks, report, started):
+def _stay_alive(proc, params, ranks, report, started, peers=None):
     """A CT of a gang without global rank 0 (no progress lines): healthy when its agent and every
     rank still run health_seconds after they all started."""
     began = time.monotonic()
     pids = [r["pid"] for r in ranks["ranks_env"]]
     while time.monotonic() - began < float(params["health_seconds"]):
-        lines = _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began, peers)
         gone = [pid for pid in pids if proctable.read_process(pid) is None]
         if gone:
             raise _still_running_failure(
@@ -271,13 +312,13 @@ def _stay_alive(proc, params, ranks, report, started):
             "first_progress_s": None, "progress_line": None, "step": None, "tokens_per_s": None}
 
 
-def _wait_throughput(proc, params, reader, report):
+def _wait_throughput(proc, params, reader, report, peers=None):
     """The window of throughput_lines progress lines after the warm-up, once they are in (or
     what is there when throughput_timeout ends: complete is false then)."""
     count, warmup = int(params["throughput_lines"]), int(params["throughput_warmup_lines"])
     began = time.monotonic()
     while True:
-        lines = _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began, peers)
         window = reader.window(lines, count, warmup)
         elapsed = time.monotonic() - began
         if window["lines"] >= count or elapsed >= float(params["throughput_timeout"]):
@@ -289,13 +330,13 @@ def _wait_throughput(proc, params, reader, report):
         time.sleep(0.2)
 
 
-def _wait_first_progress(proc, params, reader, report):
+def _wait_first_progress(proc, params, reader, report, peers=None):
     began = time.monotonic()
     deadline = began + float(params["health_timeout"])
     settle = float(params["health_seconds"])
     seen = seen_at = None
     while True:
-        lines = _log_while_healthy(proc, params, began)
+        lines = _log_while_healthy(proc, params, began, peers)
         if seen is None:
             points = reader.progress_lines(lines)
             if points:
@@ -317,13 +358,19 @@ def _wait_first_progress(proc, params, reader, report):
         time.sleep(HEALTH_POLL_SECONDS)
 
 
-def _log_while_healthy(proc, params, began):
-    """The new log's lines; LaunchError when the trainer exited or printed a traceback."""
+def _log_while_healthy(proc, params, began, peers=None):
+    """The new log's lines; LaunchError when the trainer exited or printed a traceback, or another
+    CT of its gang said its own launch failed (the rendezvous will not complete)."""
     code = proc.poll()  # before the read: what an exited trainer printed last is in the lines
     lines = progress.read_lines(params["log_file"])
     failure = _unhealthy(proc, code, lines, began, params)
     if failure:
         raise failure
+    peer = peers.failed() if peers is not None else None
+    if peer:
+        raise LaunchError(f"{peer[0]} of the gang failed its launch ({peer[1]}); this CT stopped waiting after "
+                          f"{time.monotonic() - began:.1f}s; last lines:\n" + "\n".join(lines[-progress.TAIL_LINES:]),
+                          pid=proc.pid, running=proc.poll() is None, peer=peer[0], log_tail=lines[-progress.TAIL_LINES:])
     return lines
 
 

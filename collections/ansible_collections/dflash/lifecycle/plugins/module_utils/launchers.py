@@ -29,16 +29,12 @@ SIGKILL; a worker that fails ends the others the same way).
 from __future__ import annotations
 
 import os
-import re
 import signal
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, torch_probe
 
 DEFAULT_DEADLINE = 30
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-# the launch's environment for torchrun and accelerate: where the CT's torch reads it, it sets
-# the agent's deadline (accelerate has no option for it)
-SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
 class LauncherError(ValueError):
@@ -186,7 +182,7 @@ class Torchrun(Launcher):
         return forced
 
     def environment(self, cap):
-        return {SHUTDOWN_ENV: str(int(cap))}
+        return {torch_probe.SHUTDOWN_ENV: str(int(cap))}
 
     def check(self, options, cap):
         super().check(options, cap)
@@ -209,13 +205,13 @@ class Torchrun(Launcher):
     def deadline(self, agent, proc_root):
         argv = proctable.read_argv(agent.pid, proc_root) or []
         env = proctable.read_environ(agent.pid, proc_root)
-        torch = torch_support(agent.pid, proc_root)
+        torch = torch_probe.torch_support(agent.pid, proc_root)
         given = _opt(self.args(argv) or [], "--shutdown-timeout", "--shutdown_timeout")
         source = "--shutdown-timeout"
         if given is None and env.get("PET_SHUTDOWN_TIMEOUT"):
             given, source = env["PET_SHUTDOWN_TIMEOUT"], "PET_SHUTDOWN_TIMEOUT"
-        if given is None and env.get(SHUTDOWN_ENV):
-            given, source = env[SHUTDOWN_ENV], SHUTDOWN_ENV
+        if given is None and env.get(torch_probe.SHUTDOWN_ENV):
+            given, source = env[torch_probe.SHUTDOWN_ENV], torch_probe.SHUTDOWN_ENV
         version = torch["version"] or "of unknown version"
         if given is not None and torch["reads_shutdown_timeout"] is False:
             return DEFAULT_DEADLINE, (f"{DEFAULT_DEADLINE} s: torch {version} hard-codes it ({source}={given} "
@@ -360,48 +356,6 @@ def recognise(argv):
         if launcher.args(argv or []):
             return launcher
     return None
-
-
-def torch_support(pid, proc_root="/proc"):
-    """The torch the process runs, from the libraries it mapped: its version and whether its
-    launcher reads a shutdown timeout (all None when no torch is found)."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "maps"), encoding="utf-8", errors="replace") as handle:
-            path = next((m.group(1) for m in (re.search(r"(/\S+/torch)/lib/libtorch", line) for line in handle) if m),
-                        None)
-    except OSError:
-        path = None
-    return torch_facts(path)
-
-
-def torch_support_of_python(python):
-    """The same for an interpreter that has not started yet (the launch's check), from the torch
-    package it would import - found without importing it."""
-    import subprocess
-    code = ("import importlib.util as u; s = u.find_spec('torch'); "
-            "print(s.submodule_search_locations[0] if s else '')")
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return dict(torch_facts(None), error=str(err))
-    path = out.stdout.strip() or None
-    return dict(torch_facts(path), error=None if path else (out.stderr.strip() or f"{python} has no torch"))
-
-
-def torch_facts(path):
-    """{path, version, reads_shutdown_timeout} of the torch package at path (its own files)."""
-    found = {"version": None, "path": path, "reads_shutdown_timeout": None}
-    if not path:
-        return found
-    try:
-        with open(os.path.join(path, "version.py"), encoding="utf-8") as handle:
-            version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", handle.read())
-            found["version"] = version.group(1) if version else None
-        with open(os.path.join(path, "distributed", "launcher", "api.py"), encoding="utf-8") as handle:
-            found["reads_shutdown_timeout"] = SHUTDOWN_ENV in handle.read()
-    except OSError:
-        pass
-    return found
 
 
 class Run:

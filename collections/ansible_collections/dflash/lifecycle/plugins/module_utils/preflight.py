@@ -9,9 +9,11 @@ redeploy, then carries only what it runs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, torch_probe
 
 
 def count_gpus(nvidia_smi):
@@ -66,19 +68,20 @@ def preflight(params):
 
 def launcher_support(wanted, check):
     """The launcher check: the interpreter has torch (and accelerate or deepspeed for those), and
-    whether its torch reads a shutdown timeout (the launch renders the flag only where it does)."""
-    facts = launchers.torch_support_of_python(wanted["python"])
+    whether its torch reads a shutdown timeout (the launch renders the flag only where it does);
+    asked as the launch starts the run (the secrets file, the run's environment, a login shell)."""
+    run_env = {key: wanted.get(key) for key in ("env", "secrets_file", "login_shell")}
+    facts = torch_probe.torch_support_of_python(wanted["python"], run_env)
     module = {"accelerate": "accelerate", "deepspeed": "deepspeed"}.get(wanted["name"])
     missing = facts["error"]
-    if not missing and module:
-        found = subprocess.run([wanted["python"], "-c", f"import importlib.util as u; print(bool(u.find_spec('{module}')))"],
-                               capture_output=True, text=True, timeout=60, check=False).stdout.strip()
-        missing = None if found == "True" else f"{wanted['python']} has no {module}"
+    if not missing and module and not torch_probe.has_module(wanted["python"], module, run_env):
+        missing = f"{wanted['python']} has no {module} in the run's environment"
     check("launcher", not missing,
           missing or (f"{wanted['name']} with torch {facts['version']} at {facts['path']}; "
                       + ("it reads a shutdown timeout" if facts["reads_shutdown_timeout"]
                          else "it hard-codes its 30 s deadline: the stop signals the workers itself")),
-          f"install torch{' and ' + module if module else ''} for {wanted['python']} (trainer_run_python)")
+          f"install torch{' and ' + module if module else ''} for {wanted['python']} (trainer_run_python), "
+          "where the run's environment (dflash_env) finds it")
     return facts
 
 
@@ -102,3 +105,41 @@ def checkpoint_layout(params, check):
             "resume": directory.resume(infos),
             # what a gang's CTs compare: each sees the same checkpoints, of the same size
             "listing": {n: [infos[n]["size"], infos[n]["complete"]] for n in infos}}
+
+
+def gang_marks(output_dir, wanted, check_mode=False, poll=0.1):
+    """Whether the CTs of a gang see one checkpoint directory: this CT writes its mark,
+    <output_dir>/<GANG_MARKS>/<job>/<me>, and waits up to wanted["wait"] s for every member's
+    (they run their preflights at the same time). Listings of a live run's directory taken on
+    two CTs at two moments differ by a save or a rotation in between; a mark does not. Returns
+    {dir, seen, missing, waited_s}; in check mode nothing is written and nothing proven."""
+    marks = os.path.join(output_dir, checkpoint_formats.GANG_MARKS)
+    job_dir = os.path.join(marks, wanted["job"])
+    found = {"dir": job_dir, "seen": [], "missing": [], "waited_s": 0.0, "checked": not check_mode}
+    if check_mode:
+        return found
+    os.makedirs(job_dir, mode=0o755, exist_ok=True)
+    with open(os.path.join(job_dir, wanted["me"]), "w", encoding="utf-8") as handle:
+        handle.write(f"{wanted['me']} {time.time()}\n")
+    _forget_old_jobs(marks, wanted["job"])
+    began = time.monotonic()
+    while True:
+        present = set(os.listdir(job_dir))
+        found["missing"] = [m for m in wanted["members"] if m not in present]
+        if not found["missing"] or time.monotonic() - began >= float(wanted["wait"]):
+            break
+        time.sleep(poll)
+    found["seen"] = [m for m in wanted["members"] if m in present]
+    found["waited_s"] = round(time.monotonic() - began, 3)
+    return found
+
+
+def _forget_old_jobs(marks, job, age=86400):
+    """The marks of jobs older than a day (a mark is read while the job's preflights run)."""
+    for name in os.listdir(marks):
+        path = os.path.join(marks, name)
+        try:
+            if name != job and time.time() - os.stat(path).st_mtime > age:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue

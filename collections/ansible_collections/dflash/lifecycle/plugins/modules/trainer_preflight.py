@@ -66,6 +66,45 @@ options:
         description: The interpreter the launch runs it with.
         type: str
         required: true
+      env:
+        description:
+          - The run's environment (C(dflash_env)), exported before the probe as the launch's
+            wrapper does, so that a torch found through it (a PYTHONPATH, a venv's PATH) is found.
+        type: dict
+        default: {}
+      secrets_file:
+        description: The run's secrets file, sourced before the probe when it exists, as the wrapper does.
+        type: path
+      login_shell:
+        description: Run the probe through C(bash -l), as the launch runs the wrapper with C(trainer_launch_login_shell).
+        type: bool
+        default: false
+  gang_marks:
+    description:
+      - For a CT of a gang - proves that its CTs share O(output_dir). This CT writes its mark,
+        C(<output_dir>/.dflash-gang/<job>/<me>), and waits up to O(gang_marks.wait) seconds for
+        every member's mark (the gang's preflights run at the same time). The result's
+        C(checkpoint.gang_marks) lists the members seen and missing; a gang's barrier refuses
+        the gang when one is missing. Nothing is written in check mode.
+    type: dict
+    suboptions:
+      job:
+        description: The job's id, the same on every CT of the gang (its rendezvous id).
+        type: str
+        required: true
+      me:
+        description: This CT's name in the gang.
+        type: str
+        required: true
+      members:
+        description: Every CT of the gang.
+        type: list
+        elements: str
+        required: true
+      wait:
+        description: Seconds to wait for the other members' marks.
+        type: float
+        default: 10
   trainer:
     description: How to find a running trainer, to report it (RV(trainer_running)).
     type: dict
@@ -206,8 +245,10 @@ checkpoint:
     What O(output_dir) holds by its layout - C(format) and C(format_reason) (for V(auto), what it
     was recognised by; null while the directory holds no checkpoint), C(newest) and C(newest_step)
     (the newest complete checkpoint), C(incomplete) (the names of incomplete ones), C(resume)
-    (what the trainer's resume rule would load, as M(dflash.lifecycle.staged_stop) reports it) and
-    C(listing) (each checkpoint's size in bytes and completeness: what the CTs of a gang compare).
+    (what the trainer's resume rule would load, as M(dflash.lifecycle.staged_stop) reports it),
+    C(listing) (each checkpoint's size in bytes and completeness: named when a gang's CTs do not
+    share the directory) and, with O(gang_marks), C(gang_marks) (C(dir), C(seen), C(missing),
+    C(waited_s), C(checked)).
   returned: when the layout check passed
   type: dict
   sample: {format: deepspeed, format_reason: "auto: 2 entries like global_step200", newest: global_step200,
@@ -262,10 +303,19 @@ def main():
             "launcher": {"type": "dict", "options": {
                 "name": {"type": "str", "required": True, "choices": ["torchrun", "accelerate", "deepspeed"]},
                 "python": {"type": "str", "required": True},
+                "env": {"type": "dict", "default": {}},
+                "secrets_file": {"type": "path"},
+                "login_shell": {"type": "bool", "default": False},
             }},
             "trainer": {"type": "dict", "options": {
                 "pidfile": {"type": "path"},
                 "pattern": {"type": "str"},
+            }},
+            "gang_marks": {"type": "dict", "options": {
+                "job": {"type": "str", "required": True},
+                "me": {"type": "str", "required": True},
+                "members": {"type": "list", "elements": "str", "required": True},
+                "wait": {"type": "float", "default": 10},
             }},
             "throughput": {"type": "dict", "options": {
                 "log_file": {"type": "path", "required": True},
@@ -287,6 +337,9 @@ def main():
         supports_check_mode=True,
     )
     result = preflight.preflight(module.params)
+    if module.params["gang_marks"] and result["checkpoint"] is not None:
+        result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
+                                                                  module.params["gang_marks"], module.check_mode)
     if module.params["trainer"]:
         running = trainer_finding.running(module.params["trainer"]["pidfile"], module.params["trainer"]["pattern"])
         result.update(trainer_running=running is not None, trainer_pid=running.pid if running else None)

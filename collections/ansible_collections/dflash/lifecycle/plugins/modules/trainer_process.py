@@ -194,6 +194,28 @@ options:
         window is read. The others report RV(logs_progress) false and no throughput.
     type: bool
     default: false
+  gang_health:
+    description:
+      - For a CT of a gang - where its CTs tell each other how their launch goes, a directory they
+        share (the checkpoint directory's C(.dflash-gang/<rendezvous id>)). This CT writes its
+        state there (C(starting), C(healthy), or C(failed:) and why); while it waits for health it
+        reads the others', and stops waiting within a second when one failed (its rendezvous
+        would never complete), failing with that CT and its cause named (C(peer)).
+    type: dict
+    suboptions:
+      dir:
+        description: The shared directory.
+        type: path
+        required: true
+      me:
+        description: This CT's name in the gang.
+        type: str
+        required: true
+      members:
+        description: Every CT of the gang.
+        type: list
+        elements: str
+        required: true
   health_seconds:
     description:
       - How long the trainer must stay alive after its first progress line to count as healthy (a
@@ -487,6 +509,11 @@ def main():
             "resume_args": {"type": "list", "elements": "str", "default": ["--resume"]},
             "health_seconds": {"type": "float", "default": 5},
             "gang": {"type": "bool", "default": False},
+            "gang_health": {"type": "dict", "options": {
+                "dir": {"type": "path", "required": True},
+                "me": {"type": "str", "required": True},
+                "members": {"type": "list", "elements": "str", "required": True},
+            }},
             "step_regex": {"type": "str", "default": progress.STEP_REGEX, "aliases": ["health_regex"],
                            "deprecated_aliases": [{"name": "health_regex", "version": "0.3.0",
                                                    "collection_name": "dflash.lifecycle"}]},

@@ -19,6 +19,7 @@ pure: the filters (plugins/filter/gang.py) hand it the members' registered resul
 from __future__ import annotations
 
 import hashlib
+import time
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
@@ -85,13 +86,15 @@ def identity(host, values, groups, gpus_given):
     if isinstance(ranks, bool) or not str(ranks).isdigit():
         raise GangError(f"trainer_run_launcher_options.nproc_per_node: a gang's CTs each run a known number of "
                         f"ranks (an integer), got {ranks!r}")
-    if int(ranks) != int(gpus_given):
-        raise GangError(f"trainer_run_launcher_options.nproc_per_node: {ranks} ranks on {host}, but the run is "
-                        f"given {gpus_given} GPUs there (dflash_target_gpus, dflash_drafter_gpus): each rank "
-                        "of a gang has one GPU")
+    # DFlash's own trainer is one process over 8 GPUs (the target model on 5, the drafter on 3): a
+    # rank may drive several, each an equal share of the CT's
+    if int(ranks) < 1 or int(gpus_given) % int(ranks):
+        raise GangError(f"trainer_run_launcher_options.nproc_per_node: {ranks} ranks on {host} do not divide the "
+                        f"{gpus_given} GPUs the run is given there (dflash_target_gpus, dflash_drafter_gpus): each "
+                        "rank drives an equal share of them (one rank over all of them is valid)")
     agreed = {n: values[n] for n in agreed_names(values)}
     return {"name": name, "rank": int(rank), "address": address, "port": int(port), "rendezvous": rendezvous,
-            "ranks": int(ranks), "agreed": agreed}
+            "ranks": int(ranks), "gpus_per_rank": int(gpus_given) // int(ranks), "agreed": agreed}
 
 
 def members_problems(name, checked, job_hosts):
@@ -162,7 +165,7 @@ def _short(value):
 
 def plan(host, identities, holder=""):
     """This CT's part of the gang: {name, rendezvous, size, rank, members (by rank), first,
-    endpoint, address, rdzv_id}. identities as members_problems' (all known)."""
+    endpoint, address, ranks, gpus_per_rank, rdzv_id}. identities as members_problems' (all known)."""
     mine = identities[host]
     ordered = sorted(identities, key=lambda h: identities[h]["rank"])
     first = identities[ordered[0]]
@@ -171,7 +174,7 @@ def plan(host, identities, holder=""):
     digest = hashlib.sha256(f"{mine['name']} {holder}".encode()).hexdigest()[:12]
     return {"name": mine["name"], "rendezvous": mine["rendezvous"], "size": len(ordered), "rank": mine["rank"],
             "members": ordered, "first": ordered[0], "endpoint": endpoint, "address": mine["address"],
-            "ranks": mine["ranks"], "rdzv_id": f"{mine['name']}-{digest}"}
+            "ranks": mine["ranks"], "gpus_per_rank": mine["gpus_per_rank"], "rdzv_id": f"{mine['name']}-{digest}"}
 
 
 def launcher_options(gang, options, attempt=1):
@@ -199,17 +202,19 @@ def _why(host, result, what):
     return f"{host}: {' '.join(str(result.get('msg') or 'failed').split())}"
 
 
-def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint="fail", running=None):
+def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint="fail", after=None):
     """What stops the gang after a phase, one line each: a member whose result of the phase is
     missing or failed, and what the gang must agree on after it. results: {member: its
-    registered result of the phase, or None}; running, after the launch: {member: what
-    trainer_info read right after it, or None}."""
+    registered result of the phase, or None}; after: {member: what trainer_info read on it once
+    the phase had ended on every member, or None} - after the launch whether its run still
+    runs, after the stop what it sees of the shared checkpoint directory."""
     what = {"release": "build the release", "preflight": "pass its preflight", "push": "install the release",
             "rollback": "switch back to its previous release", "stop": "stop", "launch": "launch"}[phase]
     found = [_why(h, r, what) for h, r in results.items() if not _ok(r)]
-    found += [_ended(h, results[h], read) for h, read in (running or {}).items()
-              if _ok(results[h]) and _ok(read) and not read.get("skipped") and (
-                  not read.get("running") or read.get("run_id") != results[h].get("run_id"))]
+    if phase == "launch":
+        found += [_ended(h, results[h], read) for h, read in (after or {}).items()
+                  if _ok(results[h]) and _ok(read) and not read.get("skipped") and (
+                      not read.get("running") or read.get("run_id") != results[h].get("run_id"))]
     if found:
         return found
     if phase == "release":
@@ -225,7 +230,7 @@ def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint
     elif phase == "preflight":
         found += _listing_problems(gang, results)
     elif phase == "stop" and not check_mode:
-        found += _checkpoint_problems(gang, results, on_missing_checkpoint)
+        found += _checkpoint_problems(gang, results, on_missing_checkpoint, after)
     return found
 
 
@@ -237,28 +242,34 @@ def _ended(host, launched, read):
 
 
 def _listing_problems(gang, results):
-    """Every CT that will resume must see the same checkpoint directory: the same entries, each
-    the same size and completeness (shared storage shows them alike; copies that differ would
-    make the ranks resume from different states)."""
-    listings = {h: ((r.get("checkpoint") or {}).get("listing") or {}) for h, r in results.items()}
-    first = gang["first"]
-    reference = listings.get(first, {})
+    """Every CT that will resume must see the same checkpoint directory (a mount point on shared
+    storage; copies that differ would make the ranks resume from different states). Proved by
+    the marks each CT's preflight wrote and read there (gang_marks): listings of a live run's
+    directory, taken on two CTs at two moments, differ by a save or a rotation in between. The
+    listings only name the difference when a mark is missing."""
     found = []
-    for host, listing in listings.items():
-        if host == first:
+    first = gang["first"]
+    listings = {h: ((r.get("checkpoint") or {}).get("listing") or {}) for h, r in results.items()}
+    for host, result in results.items():
+        marks = (result.get("checkpoint") or {}).get("gang_marks") or {}
+        if not marks.get("checked") or not marks.get("missing"):
             continue
-        only_first = sorted(set(reference) - set(listing))
-        only_here = sorted(set(listing) - set(reference))
-        differ = sorted(n for n in set(reference) & set(listing) if reference[n] != listing[n])
-        if only_first or only_here or differ:
-            words = [f"only on {first}: {', '.join(only_first)}" if only_first else "",
-                     f"only on {host}: {', '.join(only_here)}" if only_here else "",
-                     "differ: " + ", ".join(f"{n} ({_entry(reference[n])} on {first}, {_entry(listing[n])} on {host})"
-                                            for n in differ) if differ else ""]
-            found.append(f"{host} sees another checkpoint directory than {first} ("
-                         + "; ".join(w for w in words if w) + "): the CTs of a gang resume from one directory "
-                         "(a mount point on shared storage)")
+        words = _listing_words(first, listings.get(first, {}), host, listings[host]) if host != first else ""
+        found.append(f"{host} does not see the marks of {', '.join(marks['missing'])} in {marks['dir']} within "
+                     f"{marks['waited_s']}s" + (f" ({words})" if words else "")
+                     + ": the CTs of a gang resume from one directory (a mount point on shared storage)")
     return found
+
+
+def _listing_words(first, reference, host, listing):
+    only_first = sorted(set(reference) - set(listing))
+    only_here = sorted(set(listing) - set(reference))
+    differ = sorted(n for n in set(reference) & set(listing) if reference[n] != listing[n])
+    words = [f"only on {first}: {', '.join(only_first)}" if only_first else "",
+             f"only on {host}: {', '.join(only_here)}" if only_here else "",
+             "differ: " + ", ".join(f"{n} ({_entry(reference[n])} on {first}, {_entry(listing[n])} on {host})"
+                                    for n in differ) if differ else ""]
+    return "; ".join(w for w in words if w)
 
 
 def _entry(entry):
@@ -266,10 +277,11 @@ def _entry(entry):
     return f"{size} bytes, {'complete' if complete else 'incomplete'}"
 
 
-def _checkpoint_problems(gang, results, on_missing_checkpoint):
+def _checkpoint_problems(gang, results, on_missing_checkpoint, after=None):
     """The gang's checkpoint: the newest that a member's stop saw written; every member must see
-    it complete (the ranks of one CT saved it, all resume from it). None written where a signal
-    could save: the loss, unless on_missing_checkpoint is proceed."""
+    it complete once every member has stopped (after: what each read then; a CT whose ranks left
+    before rank 0's save was complete ended its own stop too early to tell). None written where
+    a signal could save: the loss, unless on_missing_checkpoint is proceed."""
     written = {h: r["checkpoint"]["new"] for h, r in results.items()
                if (r.get("checkpoint") or {}).get("written")}
     if not written:
@@ -282,11 +294,30 @@ def _checkpoint_problems(gang, results, on_missing_checkpoint):
     newest = max(written.values(), key=lambda n: _step_of(results, n))
     found = []
     for host, result in results.items():
-        seen = (result.get("checkpoint") or {}).get("newest")
+        read = (after or {}).get(host)
+        seen = ((read if _ok(read) and not read.get("skipped") else result).get("checkpoint") or {}).get("newest")
         if seen != newest:
             found.append(f"{host} does not see the gang's new checkpoint {newest} complete (its newest: {seen}): the CTs "
                          "of a gang resume from one checkpoint directory (a mount point on shared storage)")
     return found
+
+
+def relaunchable(stops, after):
+    """After a gang's stop phase failed: whether every CT's run is gone and a complete checkpoint
+    is there to relaunch the release of before from, as after a failed launch. stops: {member:
+    its stop result}; after: {member: what it read once every CT had stopped}. Returns
+    {relaunch, checkpoint, why}."""
+    running = [h for h, r in stops.items() if not isinstance(r, dict) or not r.get("stopped")]
+    seen = {((r or {}).get("checkpoint") or {}).get("newest") for r in after.values() if _ok(r) and not r.get("skipped")}
+    seen.discard(None)
+    if running:
+        return {"relaunch": False, "checkpoint": None,
+                "why": f"the run may still run on {', '.join(running)} (its stop did not end it)"}
+    if len(seen) != 1:
+        return {"relaunch": False, "checkpoint": None,
+                "why": "no complete checkpoint every CT sees" if not seen else
+                f"the CTs see different newest checkpoints ({', '.join(sorted(seen))})"}
+    return {"relaunch": True, "checkpoint": seen.pop(), "why": "every CT's run is gone"}
 
 
 def _step_of(results, name):
@@ -347,8 +378,8 @@ def plan_words(gang):
     return (f"gang {gang['name']}: {gang['size']} CTs {ordered}; each phase on every CT before the next, a CT that "
             f"fails one fails them all; the stop signals every CT at one moment; each CT's torchrun agent joins "
             f"the {gang['rendezvous']} rendezvous at {gang['endpoint']} (id {gang['rdzv_id']}-1) with its "
-            f"{gang['ranks']} ranks; the checkpoint is judged over every CT; a failed launch anywhere rolls "
-            "every CT back")
+            f"{gang['ranks']} ranks, {gang['gpus_per_rank']} GPU(s) each; the checkpoint is judged over every CT; a "
+            "failed launch anywhere rolls every CT back")
 
 
 def report(gang, summaries, stops, check_mode=False):
@@ -377,9 +408,15 @@ def report(gang, summaries, stops, check_mode=False):
     if len(running) == len(members):
         head += f", every CT running; {logger or 'no CT'} logs" + (
             f" {summaries[logger]['tokens_per_s']} tok/s" if logger else "")
+        if any((summaries.get(h) or {}).get("relaunched_after_stop") for h in members):
+            head += " (the release of before, relaunched from its checkpoint after the stop phase failed)"
     else:
         head += (f", running on {len(running)} of {len(members)} CTs "
                  f"(NOT on {', '.join(h for h in members if h not in running)})")
+        stopped_at = [s["stopped_at"] for s in summaries.values() if (s or {}).get("stopped_at")]
+        if stopped_at:  # this job stopped the run and could not start it again
+            head = (f"gang {gang['name']} is DOWN since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(min(stopped_at)))} "
+                    f"UTC, when this job stopped it: `make start HOST={gang['name']}` starts it again. " + head)
     # every CT's canary is the gang's (redeploy.yml: the throughput of the CT whose ranks log)
     canary = next((s["canary"] for s in summaries.values() if (s or {}).get("canary")), None)
     if canary:
@@ -390,7 +427,8 @@ def report(gang, summaries, stops, check_mode=False):
     for host in members:
         data = summaries.get(host) or {}
         lines.append(f"  {host} (rank {members.index(host)}): "
-                     + (f"PID {data['pid']}, {data.get('ranks') or '?'} ranks healthy after {data.get('healthy_seconds')}s"
+                     + (f"PID {data['pid']}, {data.get('ranks') or '?'} ranks ({gang['gpus_per_rank']} GPU(s) each) "
+                        f"healthy after {data.get('healthy_seconds')}s"
                         if data.get("pid") else "no trainer launched")
                      + (f", resumed from {data['resumed_from']}" if data.get("resumed_from") else ""))
     return lines

@@ -47,10 +47,12 @@ def _release_words(release, status, install):
 
 
 def summary(host, checked=None, manifest=None, preflight=None, install=None, stop=None, launch=None,
-            failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None, gang_failure=None):
+            failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None, gang_failure=None,
+            relaunched_after_stop=False):
     """The summary dict of one CT (module docstring). launch is the last launch (the rescue's
     relaunch when there was one), failed_launch the launch that failed before it; gang_failure
-    what stopped the CT's gang after a phase (its barrier's message)."""
+    what stopped the CT's gang after a phase (its barrier's message); relaunched_after_stop: the
+    gang's stop phase failed and the release of before runs again from its checkpoint."""
     status = (preflight or {}).get("release_status") if _ok(preflight) else None
     release = (manifest or {}).get("release")
     release_words, changes = _release_words(release, status, install)
@@ -102,6 +104,9 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "command_line_from": "process" if running and (launch or {}).get("argv") else "settings",
         "errors": errors,
         "trainer_running": _trainer_running(running, preflight, stop),
+        "relaunched_after_stop": bool(relaunched_after_stop) and running,
+        # when this job stopped the run (the stop's first signal, the node's wall clock)
+        "stopped_at": (stop or {}).get("signalled_at") if isinstance(stop, dict) else None,
     }
     data["release_words"] = release_words
     data["stop_words"] = _stop_words(stop, data)
@@ -147,6 +152,9 @@ def _launch_words(launch, failed_launch, data):
                   if launch.get("logs_progress") is False
                   else f"first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
         return f"{why}, rolled back to {data['rolled_back_to']}: PID {data['pid']} running again, {health}"
+    if data["relaunched_after_stop"]:
+        return (f"the gang's stop phase failed: the release of before runs again, PID {data['pid']}, "
+                f"resumed from {data['resumed_from']}")
     if launch is None or launch.get("skipped"):
         return "not launched"
     if _failed(launch):

@@ -111,3 +111,33 @@ def test_resume_auto_adds_the_resume_arguments_only_with_a_complete_checkpoint(t
     assert command(dict(base, checkpoint_dir=None)) == (["/bin/sh", "t.sh"], False)
     (tmp_path / "ck" / "step_5" / "model.bin").unlink()  # incomplete: its resume would not load it
     assert command(base) == (["/bin/sh", "t.sh"], False)
+
+
+def test_a_gang_ct_stops_waiting_when_another_ct_says_its_launch_failed(tmp_path):
+    """ct400 waits for a progress line its rendezvous will never give; ct401's launch failed and
+    said so in the directory they share: ct400 stops waiting within a second, naming ct401."""
+    shared = tmp_path / "ckpt" / ".dflash-gang" / "big-abc-1"
+    health = {"dir": str(shared), "me": "ct400", "members": ["ct400", "ct401"]}
+    proc = run_trainer(tmp_path, "import time\nprint('waiting for the rendezvous')\ntime.sleep(30)")
+    try:
+        other = launch.GangPeers(dict(health, me="ct401"))
+        other.tell("failed: the trainer (PID 9) exited with status 1 after 0.4s")
+        with pytest.raises(launch.LaunchError) as caught:
+            launch.wait_healthy(proc, params(tmp_path, gang_health=health))
+        assert str(caught.value).startswith("ct401 of the gang failed its launch (the trainer (PID 9) exited with "
+                                            "status 1 after 0.4s); this CT stopped waiting after ")
+        assert caught.value.details["peer"] == "ct401" and caught.value.details["running"] is True
+        assert (shared / "ct400").read_text() == "starting\n"  # a peer's failure is not this CT's to tell
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_gang_ct_whose_launch_fails_tells_the_others(tmp_path):
+    shared = tmp_path / "ckpt" / ".dflash-gang" / "big-abc-1"
+    health = {"dir": str(shared), "me": "ct401", "members": ["ct400", "ct401"]}
+    proc = run_trainer(tmp_path, "raise SystemExit(3)")
+    with pytest.raises(launch.LaunchError):
+        launch.wait_healthy(proc, params(tmp_path, gang_health=health))
+    assert (shared / "ct401").read_text().startswith("failed: the trainer (PID ")
+    assert launch.GangPeers(dict(health, me="ct400")).failed()[0] == "ct401"

@@ -38,7 +38,7 @@ def test_the_identity_of_a_ct_is_checked_naming_the_variable():
             (values(0, trainer_run_launcher_options={"nproc_per_node": "gpu"}),
              "trainer_run_launcher_options.nproc_per_node: a gang's CTs each run a known number of ranks"),
             (values(0, trainer_run_launcher_options={"nproc_per_node": 4}),
-             "nproc_per_node: 4 ranks on a, but the run is given 2 GPUs there"),
+             "nproc_per_node: 4 ranks on a do not divide the 2 GPUs the run is given there"),
             (values(0, trainer_run_gang_rendezvous="etcd"), "trainer_run_gang_rendezvous: one of c10d, static"),
             (values(0, trainer_run_gang_port=70000), "trainer_run_gang_port: a TCP port"),
             (values(0, "10.0.0.1 x"), "trainer_run_gang_address: an address or a host name")):
@@ -46,6 +46,16 @@ def test_the_identity_of_a_ct_is_checked_naming_the_variable():
             gang.identity("a", bad, GROUPS, 2)
     with pytest.raises(gang.GangError, match="must be a child of group dflash_gangs"):
         gang.identity("a", values(0), dict(GROUPS, dflash_gangs=[]), 2)
+
+
+def test_a_rank_may_drive_several_gpus_an_equal_share_each():
+    """DFlash's own trainer is one process over the CT's 8 GPUs: one rank per CT is valid."""
+    one = gang.identity("a", values(0, "10.0.0.1", trainer_run_launcher_options={"nproc_per_node": 1}), GROUPS, 8)
+    assert (one["ranks"], one["gpus_per_rank"]) == (1, 8)
+    two = gang.identity("a", values(0, "10.0.0.1", trainer_run_launcher_options={"nproc_per_node": 2}), GROUPS, 8)
+    assert (two["ranks"], two["gpus_per_rank"]) == (2, 4)
+    with pytest.raises(gang.GangError, match="3 ranks on a do not divide the 8 GPUs the run is given there"):
+        gang.identity("a", values(0, "10.0.0.1", trainer_run_launcher_options={"nproc_per_node": 3}), GROUPS, 8)
 
 
 def test_the_gang_as_a_whole_a_rank_twice_a_rank_missing_no_rank_0_address_and_settings_that_differ():
@@ -106,14 +116,31 @@ def test_after_a_phase_a_member_that_failed_or_did_not_answer_stops_the_gang():
         "the release differs: a r1, b r2 (trainer_code_src must be the same code for every CT)"]
 
 
-def test_the_checkpoint_directories_every_ct_sees_must_be_alike():
+def preflight(listing, seen, missing, checked=True):
+    return {"checkpoint": {"listing": listing, "gang_marks": {
+        "dir": "/c/.dflash-gang/big-1", "seen": seen, "missing": missing, "waited_s": 10.0, "checked": checked}}}
+
+
+def test_the_cts_share_the_checkpoint_directory_by_the_marks_they_see():
+    """Listings taken while the run saves differ (a save or a rotation between the two reads):
+    they never refuse the gang; a mark missing does, and the listings then name the difference."""
     plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
-    shared = {"checkpoint": {"listing": {"step_10": [100, True], "step_20": [200, True]}}}
-    assert gang.phase_problems(plan, {"a": shared, "b": shared}, "preflight") == []
-    own = {"checkpoint": {"listing": {"step_10": [100, True], "step_20": [150, False], "step_5": [50, True]}}}
-    assert gang.phase_problems(plan, {"a": shared, "b": own}, "preflight") == [
-        "b sees another checkpoint directory than a (only on b: step_5; differ: step_20 (200 bytes, complete on a, "
-        "150 bytes, incomplete on b)): the CTs of a gang resume from one directory (a mount point on shared storage)"]
+    before = {"step_10": [100, True], "step_20": [200, True]}
+    raced = {"step_20": [200, True], "step_30": [300, True]}  # step_30 saved, step_10 rotated in between
+    both = ["a", "b"]
+    assert gang.phase_problems(plan, {"a": preflight(before, both, []), "b": preflight(raced, both, [])},
+                               "preflight") == []
+    own = {"step_10": [100, True], "step_20": [150, False], "step_5": [50, True]}
+    assert gang.phase_problems(plan, {"a": preflight(before, ["a"], ["b"]), "b": preflight(own, ["b"], ["a"])},
+                               "preflight") == [
+        "a does not see the marks of b in /c/.dflash-gang/big-1 within 10.0s: the CTs of a gang resume from one "
+        "directory (a mount point on shared storage)",
+        "b does not see the marks of a in /c/.dflash-gang/big-1 within 10.0s (only on b: step_5; differ: step_20 "
+        "(200 bytes, complete on a, 150 bytes, incomplete on b)): the CTs of a gang resume from one directory (a "
+        "mount point on shared storage)"]
+    # check mode writes no mark: nothing proven, nothing refused
+    assert gang.phase_problems(plan, {"a": preflight(before, [], both, checked=False),
+                                      "b": preflight(own, [], both, checked=False)}, "preflight") == []
 
 
 def stop(new=None, newest=None, step=None, possible=True, signalled_at=None):
@@ -136,14 +163,28 @@ def test_the_gang_checkpoint_is_judged_over_every_ct_after_the_stop():
     assert gang.phase_problems(plan, none, "stop", check_mode=True) == []
 
 
+def test_the_gang_checkpoint_is_what_every_ct_sees_once_all_have_stopped():
+    """Rank 0 saves alone: b's ranks left at once, so b's own stop ended before step_20 was
+    complete. What b reads once every CT has stopped is what counts."""
+    plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
+    early = {"a": stop("/c/step_20", step=20), "b": stop(newest="/c/step_10")}
+    now = {"a": {"checkpoint": {"newest": "/c/step_20"}}, "b": {"checkpoint": {"newest": "/c/step_20"}}}
+    assert gang.phase_problems(plan, early, "stop", after=now) == []
+    cut = dict(now, b={"checkpoint": {"newest": "/c/step_10"}})
+    assert gang.phase_problems(plan, early, "stop", after=cut)[0].startswith(
+        "b does not see the gang's new checkpoint /c/step_20 complete (its newest: /c/step_10)")
+    # a CT whose read failed or was skipped is judged by its stop's own look
+    assert gang.phase_problems(plan, early, "stop", after=dict(now, b={"skipped": True}))[0].startswith("b does not")
+
+
 def test_a_ct_whose_run_ended_after_its_launch_is_named_with_its_error():
     plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
     launched = {"a": {"pid": 10, "run_id": "r-a"}, "b": {"pid": 20, "run_id": "r-b"}}
     alive = {"a": {"running": True, "run_id": "r-a"}, "b": {"running": True, "run_id": "r-b"}}
-    assert gang.phase_problems(plan, launched, "launch", running=alive) == []
+    assert gang.phase_problems(plan, launched, "launch", after=alive) == []
     traceback = ["Traceback (most recent call last):", "RuntimeError: fails on node rank 1"]
     ended = dict(alive, b={"running": False, "run_id": None, "log_tail": ["..."], "traceback": traceback})
-    assert gang.phase_problems(plan, launched, "launch", running=ended) == [
+    assert gang.phase_problems(plan, launched, "launch", after=ended) == [
         "b: its run (PID 20) ended after its launch was healthy: RuntimeError: fails on node rank 1"]
 
 
@@ -188,8 +229,8 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     assert gang.report(plan, summaries, stops) == [
         "gang big (2 CTs, c10d rendezvous at 10.0.0.1:29500): release r2, stop signalled together (skew 1.2 ms, a "
         "first), checkpoint /c/step_20 (0 steps lost), every CT running; a logs 20000.0 tok/s",
-        "  a (rank 0): PID 10, 2 ranks healthy after 3.1s, resumed from /c/step_20",
-        "  b (rank 1): PID 20, 2 ranks healthy after 3.0s, resumed from /c/step_20"]
+        "  a (rank 0): PID 10, 2 ranks (1 GPU(s) each) healthy after 3.1s, resumed from /c/step_20",
+        "  b (rank 1): PID 20, 2 ranks (1 GPU(s) each) healthy after 3.0s, resumed from /c/step_20"]
     compared = {"verdict": "ok", "before": 19000.0, "after": 20000.0, "change_pct": 5.3, "threshold_pct": -5.0,
                 "action": None, "stages": [], "why": ""}
     with_canary = {h: dict(s, canary=compared) for h, s in summaries.items()}
@@ -199,6 +240,27 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     lines = gang.report(plan, down, stops)
     assert "running on 1 of 2 CTs (NOT on b)" in lines[0] and lines[1] == "b: launch failed: x"
     assert gang.report(plan, summaries, stops, check_mode=True)[0].startswith("gang big: 2 CTs a (rank 0), b (rank 1);")
+
+
+def test_a_gang_whose_stop_failed_is_relaunched_or_said_down_with_the_command_that_starts_it():
+    stopped = {"a": dict(stop("/c/step_20", step=20), stopped=True), "b": dict(stop(newest="/c/step_10"), stopped=True)}
+    seen = {"a": {"checkpoint": {"newest": "/c/step_20"}}, "b": {"checkpoint": {"newest": "/c/step_20"}}}
+    assert gang.relaunchable(stopped, seen) == {"relaunch": True, "checkpoint": "/c/step_20",
+                                                "why": "every CT's run is gone"}
+    still = dict(stopped, b={"failed": True, "stopped": False, "msg": "1 process(es) survived"})
+    assert gang.relaunchable(still, seen)["why"] == "the run may still run on b (its stop did not end it)"
+    assert gang.relaunchable(stopped, dict(seen, b={"checkpoint": {"newest": "/c/step_10"}}))["relaunch"] is False
+    assert gang.relaunchable(stopped, {"a": None, "b": None})["why"] == "no complete checkpoint every CT sees"
+    plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
+    down = {h: {"release": "r2", "pid": None, "errors": ["gang big after its stop: ..."], "stopped_at": at}
+            for h, at in (("a", 1796170000.0), ("b", 1796170000.002))}
+    assert gang.report(plan, down, stopped)[0].startswith(
+        "gang big is DOWN since 2026-12-02 00:06:40 UTC, when this job stopped it: `make start HOST=big` starts it "
+        "again. gang big (2 CTs")
+    again = {h: {"release": "r2", "pid": 10, "ranks": 2, "errors": ["gang big after its stop: ..."],
+                 "relaunched_after_stop": True} for h in ("a", "b")}
+    assert gang.report(plan, again, stopped)[0].endswith(
+        "(the release of before, relaunched from its checkpoint after the stop phase failed)")
 
 
 def test_the_gang_stop_report_says_the_skew_each_signal_and_the_checkpoint():
