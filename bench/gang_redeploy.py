@@ -9,12 +9,17 @@ single CT (`-l ct402`), one after the other, and prints side by side per job: th
 pct), the tasks that ran per CT, and for the gang the stop's skew (the spread of the moments its
 CTs sent their first signal, as the gang's report says it). The floor: the CPU seconds the
 machine spent in the job (every process, from /proc/stat) over its CPUs.
+
+Then one redeploy of a release whose ranks on node rank 1 (ct401) raise at start-up: the time
+from that CT's failed run's last log write (its log set aside as train.log.failed) to the end of
+the job, when both CTs run the release of before again from the checkpoint. Goal: 30 s.
 Usage: .venv/bin/python bench/gang_redeploy.py [ROUNDS]
 """
 
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -58,17 +63,33 @@ def pct_calls(bed):
     return found
 
 
-def redeploy(inventory, limit, extra=()):
+def redeploy(inventory, limit, extra=(), fails=False):
     before_cpu, before = cpu_busy_seconds(), time.monotonic()
     res = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, os.path.join(REPO, "redeploy.yml"),
                           "-l", limit, *extra], cwd=REPO, env=testlib.tool_env(), capture_output=True, text=True, check=False)
     wall, cpu = time.monotonic() - before, cpu_busy_seconds() - before_cpu
-    if res.returncode != 0:
-        raise SystemExit(f"redeploy -l {limit} failed:\n{res.stdout[-5000:]}")
+    if (res.returncode != 0) != fails:
+        raise SystemExit(f"redeploy -l {limit} exited {res.returncode}:\n{res.stdout[-5000:]}")
     out = " ".join(res.stdout.split())
     skew = re.search(r"stop signalled together \(skew ([0-9.]+) ms", out)
     tasks = [int(m.group(1)) + int(m.group(2)) for m in re.finditer(r": ok=(\d+)\s+changed=(\d+)", res.stdout)]
-    return {"wall": wall, "cpu": cpu, "skew_ms": float(skew.group(1)) if skew else None, "tasks": tasks}
+    return {"wall": wall, "cpu": cpu, "skew_ms": float(skew.group(1)) if skew else None, "tasks": tasks,
+            "ended": time.time(), "out": out}
+
+
+def failed_launch_rollback(inventory, live, root):
+    """Seconds from ct401's failed run's last log write to the end of the job that rolled the gang
+    back (both CTs running the release of before again), and whether both run."""
+    crash = "    corpus = load_corpus(args.data_dir)\n"
+    failing = testlib.trainer_source(os.path.join(root, "failing"), lambda t: t.replace(
+        crash, crash + '    if os.environ.get("GROUP_RANK") == "1":\n'
+                       '        raise RuntimeError("this release fails on node rank 1")\n'))
+    done = redeploy(inventory, testlib.GANG, ("-e", json.dumps({"trainer_code_src": failing})), fails=True)
+    # the failed run's log: set aside as train.log.failed, or rotated to train.log.N by the relaunch
+    find = "stat -c %.9Y $(grep -l 'fails on node rank 1' /workspace/logs/train.log* | head -n 1)"
+    last_write = float(live.ssh("gn2", f"pct exec 401 -- sh -c {shlex.quote(find)}", check=True).stdout.strip())
+    both = "every CT running" in done["out"] and "rolled back to" in done["out"]
+    return done["ended"] - last_write, both
 
 
 def main(rounds):
@@ -94,6 +115,7 @@ def main(rounds):
                 rows[job].append(redeploy(inventory, limit, extra))
                 after = pct_calls(bed)
                 calls[job].append([after.get(v, 0) - before.get(v, 0) for v in cts])
+        rollback_s, both_running = failed_launch_rollback(inventory, live, root)
     finally:
         bed.down()
         shutil.rmtree(root, ignore_errors=True)
@@ -111,6 +133,9 @@ def main(rounds):
     single = statistics.median(r["wall"] for r in rows["single"])
     for job in ("gang", "gang-1s"):
         print(f"{job} / single CT, wall: {statistics.median(r['wall'] for r in rows[job]) / single:.2f}x")
+    print(f"a failed gang launch (ct401's ranks raise at start-up): rolled back {rollback_s:.1f} s after its run's "
+          f"last log write, both CTs running the release of before again: {'yes' if both_running else 'NO'} "
+          "(goal: 30 s)")
     return 0
 
 

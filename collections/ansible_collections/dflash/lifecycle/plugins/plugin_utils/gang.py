@@ -289,7 +289,7 @@ def _checkpoint_problems(gang, results, on_missing_checkpoint, after=None):
         possible = [h for h, r in results.items() if r.get("graceful_possible")]
         if stopped and possible and on_missing_checkpoint == "fail":
             return [f"no CT of the gang saw a new sound checkpoint after its stop ({'; '.join(_why(h, r, 'stop') for h, r in results.items())}); "
-                    "nothing is relaunched (trainer_stop_on_missing_checkpoint=proceed accepts the loss)"]
+                    "trainer_stop_on_missing_checkpoint=proceed accepts the loss"]
         return []
     newest = max(written.values(), key=lambda n: _step_of(results, n))
     found = []
