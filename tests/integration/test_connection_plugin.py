@@ -38,9 +38,10 @@ def test_playbook_copy_template_fetch_command(testbed, tmp_path):
     assert sorted(listing.stdout.splitlines()) == sorted([
         "dollar $undefined_var $(touch pwned).txt", "quote's \"double\".txt",
         "semi;colon `touch pwned2`.txt", "tmpl $x;'y'.conf", "with space.txt"])
-    # nothing in a file name was executed, in the CT or on the node
+    # nothing in a file name was executed, in the CT or on the node (the node's root file system
+    # is the host's, clones and venvs included: a walk that takes minutes on a loaded machine)
     found = testbed.ssh(NODE, "pct exec 201 -- find / -xdev -name 'pwned*'; "
-                              "find / -xdev -name 'pwned*' -newer /etc/hostname 2>/dev/null")
+                              "find / -xdev -name 'pwned*' -newer /etc/hostname 2>/dev/null", timeout=600)
     assert found.stdout == ""
 
 

@@ -63,9 +63,10 @@ def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None
 def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
     # next checkpoint, and the connection is cut while it waits, before any signal was sent
-    # (a checkpoint every 6 s: the stop waits seconds for the next one, even on a loaded machine)
-    ct.launch(how="background", extra="--save-interval 300 --profile-interval 5")
-    wait_for_checkpoint_history(ct.sh, OUT, timeout=30)
+    # (a checkpoint every 10 s, the stop begun right after one: the playbook's start, the drop and
+    # the check after it take seconds on a loaded machine, and must all come before the next one)
+    ct.launch(how="background", extra="--save-interval 500 --profile-interval 5")
+    wait_for_checkpoint_history(ct.sh, OUT, timeout=50)
     (trainer,) = ct.trainer_pids()
 
     def not_yet_stopped():

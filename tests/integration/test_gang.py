@@ -19,7 +19,9 @@ A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user dr
    CT has stopped, and make stop, make start and make restart succeed;
 10. a stop phase that fails (a save cut): both CTs run the release of before again from the
     checkpoint, and the redeploy fails naming the cause;
-11. torch found only through dflash_env's PYTHONPATH: the preflight finds it as the run does.
+11. torch found only through dflash_env's PYTHONPATH: the preflight finds it as the run does;
+12. one rank per CT over all of its GPUs, as DFlash's trainer runs; ranks that do not divide the
+    GPUs are refused, with the numbers.
 """
 
 import json
@@ -254,7 +256,6 @@ def test_10_a_gang_whose_stop_phase_failed_runs_again_from_its_checkpoint(gang, 
     older checkpoint is complete: the release of before runs again from it on both CTs, and the
     redeploy fails naming the cause."""
     old_release = gang.current("ct400")
-    newest = gang.sh("ct400", f"cat {CKPT}/latest").strip().split("/")[-1]
     release = trainer_source(tmp_path / "next", lambda t: t + "\n# a release the stop never reaches\n")
     res = gang.make("restart", {"trainer_code_src": release, "trainer_stop_graceful_wait_cap": 1,
                                 "trainer_stop_ladder": [{"signal": "SIGINT", "scope": "main", "wait": 1},
@@ -263,11 +264,15 @@ def test_10_a_gang_whose_stop_phase_failed_runs_again_from_its_checkpoint(gang, 
     assert res.returncode != 0
     assert f"gang {GANG} after its stop: no CT of the gang saw a new sound checkpoint" in res.out, res.out
     assert "(the release of before, relaunched from its checkpoint after the stop phase failed)" in res.out, res.out
+    # the newest complete checkpoint when the stop failed (a periodic save may land during the job)
+    newest = re.search(rf"NO new checkpoint \(newest complete: ({CKPT}/step_\d+), from before the stop\)", res.out)
+    assert newest, res.out
     for host in CTS:
         assert gang.current(host) == old_release
         agent, workers = gang.run(host)
         assert agent and len(workers) == 2, (host, res.out)
-    assert f"resumed from {CKPT}/{newest}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+        assert f"{host}: release" in res.out and f"resumed from {newest.group(1)}" in res.out, res.out
+    assert f"resumed from {newest.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
 def test_11_a_run_whose_torch_only_dflash_env_finds_is_launched(gang):
@@ -284,3 +289,18 @@ def test_11_a_run_whose_torch_only_dflash_env_finds_is_launched(gang):
         agent, workers = gang.run(host)
         assert agent and len(workers) == 2, host
         assert "/usr/bin/python3" in gang.sh(host, f"tr '\\0' ' ' < /proc/{agent}/cmdline")
+
+
+def test_12_a_dflash_shaped_gang_runs_one_rank_per_ct_over_all_of_its_gpus(gang):
+    """DFlash's own trainer is one process over a CT's GPUs: nproc_per_node 1 on CTs that give
+    the run 2 GPUs is valid, and the report says each rank drives 2 GPUs."""
+    one_rank = {"trainer_run_launcher_options": {"nproc_per_node": 1}}
+    res = gang.make("restart", one_rank)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for rank, host in enumerate(CTS):
+        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 1 ranks \(2 GPU\(s\) each\) healthy after", res.out), res.out
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 1, (host, res.out)
+    refused = gang.make("check", {"trainer_run_launcher_options": {"nproc_per_node": 3}})
+    assert refused.returncode != 0
+    assert "nproc_per_node: 3 ranks do not divide the 2 GPUs the run is given" in refused.out, refused.out

@@ -41,6 +41,16 @@ class LauncherError(ValueError):
     """A launcher setting is wrong; the message names the variable."""
 
 
+def gpus_per_rank(option, ranks, gpus):
+    """The GPUs each of ranks drives, an equal share of the gpus the run is given (DFlash's own
+    trainer is one rank over 8 GPUs); LauncherError naming option when ranks do not divide them."""
+    if ranks < 1 or gpus % ranks:
+        raise LauncherError(f"trainer_run_launcher_options.{option}: {ranks} ranks do not divide the {gpus} GPUs the "
+                            "run is given (dflash_target_gpus, dflash_drafter_gpus): each rank drives an equal "
+                            "share of them (one rank over all of them is valid)")
+    return gpus // ranks
+
+
 def _opt(argv, *names):
     """The value of the last --name VALUE or --name=VALUE in argv, or None."""
     found = None

@@ -58,6 +58,10 @@ def read(params, proc_root="/proc"):
     # a running trainer's figures come from the log it writes (its stdout), which may not be log_file
     log = progress.running_log(main, params["log_file"], proc_root) if main is not None else None
     log_file = log["path"] if log else params["log_file"]
+    # a launcher's agent outlives its failed workers while it tears down: their traceback says so
+    failed = progress.traceback_in(progress.read_lines(log_file)) if main is not None and log_file else None
+    if failed:
+        state["traceback"] = failed
     state["throughput"] = throughput(log_file, params["step_regex"], params["throughput_patterns"],
                                      params["throughput_lines"], params["throughput_history"])
     state["throughput"]["log_words"] = progress.log_words(log)

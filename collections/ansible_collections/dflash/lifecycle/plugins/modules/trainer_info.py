@@ -120,8 +120,10 @@ log_tail:
   type: list
   elements: str
 traceback:
-  description: The first Python traceback in O(log_file), when no trainer runs and it holds one.
-  returned: when no trainer runs
+  description:
+    - The first Python traceback in the trainer's log, when it holds one - of the run that ended, or
+      of a running one (a launcher's agent outlives its failed workers while it tears down).
+  returned: when the log holds one
   type: list
   elements: str
 release:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 RENDEZVOUS = ("c10d", "static")
@@ -86,15 +87,13 @@ def identity(host, values, groups, gpus_given):
     if isinstance(ranks, bool) or not str(ranks).isdigit():
         raise GangError(f"trainer_run_launcher_options.nproc_per_node: a gang's CTs each run a known number of "
                         f"ranks (an integer), got {ranks!r}")
-    # DFlash's own trainer is one process over 8 GPUs (the target model on 5, the drafter on 3): a
-    # rank may drive several, each an equal share of the CT's
-    if int(ranks) < 1 or int(gpus_given) % int(ranks):
-        raise GangError(f"trainer_run_launcher_options.nproc_per_node: {ranks} ranks on {host} do not divide the "
-                        f"{gpus_given} GPUs the run is given there (dflash_target_gpus, dflash_drafter_gpus): each "
-                        "rank drives an equal share of them (one rank over all of them is valid)")
+    try:
+        per_rank = launchers.gpus_per_rank("nproc_per_node", int(ranks), int(gpus_given))
+    except launchers.LauncherError as err:
+        raise GangError(f"{err} (on {host})") from None
     agreed = {n: values[n] for n in agreed_names(values)}
     return {"name": name, "rank": int(rank), "address": address, "port": int(port), "rendezvous": rendezvous,
-            "ranks": int(ranks), "gpus_per_rank": int(gpus_given) // int(ranks), "agreed": agreed}
+            "ranks": int(ranks), "gpus_per_rank": per_rank, "agreed": agreed}
 
 
 def members_problems(name, checked, job_hosts):
@@ -214,7 +213,8 @@ def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint
     if phase == "launch":
         found += [_ended(h, results[h], read) for h, read in (after or {}).items()
                   if _ok(results[h]) and _ok(read) and not read.get("skipped") and (
-                      not read.get("running") or read.get("run_id") != results[h].get("run_id"))]
+                      not read.get("running") or read.get("run_id") != results[h].get("run_id")
+                      or read.get("traceback"))]
     if found:
         return found
     if phase == "release":
@@ -235,9 +235,11 @@ def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint
 
 
 def _ended(host, launched, read):
-    """A CT whose run ended after its launch was healthy, with the exception its log names."""
+    """A CT whose run ended (or, its agent tearing down, printed a traceback) after its launch was
+    healthy, with the exception its log names."""
     lines = read.get("traceback") or read.get("log_tail") or []
-    return (f"{host}: its run (PID {launched.get('pid')}) ended after its launch was healthy"
+    how = "printed a traceback (its agent tearing down)" if read.get("running") else "ended"
+    return (f"{host}: its run (PID {launched.get('pid')}) {how} after its launch was healthy"
             + (f": {lines[-1].strip()}" if lines else ""))
 
 

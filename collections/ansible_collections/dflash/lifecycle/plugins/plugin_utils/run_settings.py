@@ -228,7 +228,7 @@ def argv(settings, visible_gpus=None, python="python3", script=None, launcher="p
 def launcher_checked(name, options, shutdown_timeout, gpus, graceful_cap=900):
     """The launcher of trainer_run_launcher with its options checked (None for python): known
     options with values of their kind, a deadline no shorter than the stop's graceful cap, and
-    no more ranks than the GPUs the run is given (which the CT must show: validated())."""
+    ranks that divide the GPUs the run is given (which the CT must show: validated())."""
     try:
         chosen = launchers.named(name or "python")
         if chosen is None:
@@ -246,10 +246,8 @@ def launcher_checked(name, options, shutdown_timeout, gpus, graceful_cap=900):
                 "workers in the middle of their save")
         chosen.check(dict(chosen.forced_options(float(shutdown_timeout), True), **options), float(graceful_cap))
         ranks = chosen.ranks(options)
-        if ranks is not None and ranks > int(gpus):
-            raise launchers.LauncherError(
-                f"trainer_run_launcher_options.{chosen.rank_options[0]}: {ranks} ranks, more than the {gpus} "
-                "GPUs the run is given (dflash_target_gpus, dflash_drafter_gpus)")
+        if ranks is not None:
+            launchers.gpus_per_rank(chosen.rank_options[0], ranks, int(gpus))
     except launchers.LauncherError as err:
         raise SettingsError(str(err)) from None
     return chosen

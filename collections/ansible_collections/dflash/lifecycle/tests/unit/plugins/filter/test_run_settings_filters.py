@@ -123,7 +123,8 @@ def test_a_launcher_leads_the_argv_with_what_keeps_it_safe_for_a_stop():
 
 
 @pytest.mark.parametrize("launcher,options,visible,error", [
-    ("torchrun", {"nproc_per_node": 9}, None, "nproc_per_node: 9 ranks, more than the 8 GPUs the run is given"),
+    ("torchrun", {"nproc_per_node": 9}, None, "nproc_per_node: 9 ranks do not divide the 8 GPUs the run is given"),
+    ("torchrun", {"nproc_per_node": 3}, None, "nproc_per_node: 3 ranks do not divide the 8 GPUs the run is given"),
     ("torchrun", {"shutdown_timeout": 30}, None, "shutdown_timeout: 30 s is shorter than the stop's graceful wait cap"),
     ("torchrun", {"nproc_per_nodes": 2}, None, "nproc_per_nodes: torchrun has no such option; did you mean"),
     ("python", {"nproc_per_node": 2}, None, "trainer_run_launcher_options: set, but trainer_run_launcher is python"),

@@ -38,7 +38,7 @@ def test_the_identity_of_a_ct_is_checked_naming_the_variable():
             (values(0, trainer_run_launcher_options={"nproc_per_node": "gpu"}),
              "trainer_run_launcher_options.nproc_per_node: a gang's CTs each run a known number of ranks"),
             (values(0, trainer_run_launcher_options={"nproc_per_node": 4}),
-             "nproc_per_node: 4 ranks on a do not divide the 2 GPUs the run is given there"),
+             "nproc_per_node: 4 ranks do not divide the 2 GPUs the run is given"),
             (values(0, trainer_run_gang_rendezvous="etcd"), "trainer_run_gang_rendezvous: one of c10d, static"),
             (values(0, trainer_run_gang_port=70000), "trainer_run_gang_port: a TCP port"),
             (values(0, "10.0.0.1 x"), "trainer_run_gang_address: an address or a host name")):
@@ -54,7 +54,7 @@ def test_a_rank_may_drive_several_gpus_an_equal_share_each():
     assert (one["ranks"], one["gpus_per_rank"]) == (1, 8)
     two = gang.identity("a", values(0, "10.0.0.1", trainer_run_launcher_options={"nproc_per_node": 2}), GROUPS, 8)
     assert (two["ranks"], two["gpus_per_rank"]) == (2, 4)
-    with pytest.raises(gang.GangError, match="3 ranks on a do not divide the 8 GPUs the run is given there"):
+    with pytest.raises(gang.GangError, match="3 ranks do not divide the 8 GPUs the run is given .* \\(on a\\)"):
         gang.identity("a", values(0, "10.0.0.1", trainer_run_launcher_options={"nproc_per_node": 3}), GROUPS, 8)
 
 
