@@ -268,6 +268,8 @@ def save_checkpoint(output_dir, model, state, reason):
     step = state["step"]
     final = os.path.join(output_dir, f"step_{step}")
     if os.path.exists(os.path.join(final, "COMPLETE")):
+        # saved already (an interrupt at a periodic save's step), maybe cut before its pointer moved
+        write_latest(output_dir, step)
         return final
     in_place = os.environ.get("DFLASH_TEST_CHECKPOINT_IN_PLACE") == "1"
     tmp = final if in_place else os.path.join(output_dir, f".tmp-step_{step}-{os.getpid()}")
@@ -295,6 +297,13 @@ def save_checkpoint(output_dir, model, state, reason):
     if not in_place:
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
+    write_latest(output_dir, step)
+    log(f"checkpoint saved: {final} (step {step}, {reason})")
+    return final
+
+
+def write_latest(output_dir, step):
+    """latest names step_N: written to a temporary name, then renamed over it."""
     pointer_tmp = os.path.join(output_dir, f".latest.tmp-{os.getpid()}")
     with open(pointer_tmp, "w", encoding="utf-8") as handle:
         handle.write(f"step_{step}\n")
@@ -302,8 +311,6 @@ def save_checkpoint(output_dir, model, state, reason):
         os.fsync(handle.fileno())
     os.rename(pointer_tmp, os.path.join(output_dir, "latest"))
     fsync_dir(output_dir)
-    log(f"checkpoint saved: {final} (step {step}, {reason})")
-    return final
 
 
 def load_checkpoint(path, model):

@@ -42,9 +42,24 @@ def last_logged_step(log_file, step_regex):
 class StopVerdict:
     """The stop's judgements of a checkpoints.Directory."""
 
+    def snapshot(self):
+        """The entries when the stop begins (the before of completed), and which one the layout's
+        pointer names then: a save whose last write is the pointer completes when it moves."""
+        infos = self.entries()
+        self.pointed_at_start = self.layout.pointed(self.path) if self.layout is not None else None
+        return infos
+
     def completed(self, before, infos):
-        """Names complete now that were not complete and unchanged in before, oldest first."""
-        return [n for n in self.fresh(before, infos) if infos[n]["complete"]]
+        """Names complete now that were not complete and unchanged in before, oldest first; and
+        one the pointer has named since the snapshot (renamed into place before the stop began,
+        its pointer moved during it: an interrupt save at the step a periodic save just wrote)."""
+        found = [n for n in self.fresh(before, infos) if infos[n]["complete"]]
+        start = self.pointed_at_start
+        if start is not None and self.layout is not None and self.layout.pointer:
+            named = self.layout.pointed(self.path)
+            if named not in (None, start) and named not in found and infos.get(named, {}).get("complete"):
+                found = [n for n in self.ordered(infos) if n in found or n == named]
+        return found
 
     def landed(self, before):
         """The newest checkpoint completed since before once its save is over (the layout's
@@ -100,13 +115,24 @@ class StopVerdict:
         completed = self.completed(before, infos)
         if completed:
             name = completed[-1]
-            later = appeared[appeared.index(name) + 1:]
+            key = self.layout.sort_key(name, infos[name])
+            later = [n for n in appeared if n != name and self.layout.sort_key(n, infos[n]) > key]
             later += [t["name"] for t in temps if t["mtime"] > infos[name]["mtime"]]
             report.update(new=os.path.join(self.path, name), new_step=infos[name]["step"],
-                          new_completed_at=infos[name]["mtime"], unfinished=later,
+                          new_completed_at=self.completed_at(name, infos[name]), unfinished=later,
                           doubts=self.doubts(name, infos[name]))
             report["written"] = not report["doubts"]
         return report
+
+    def completed_at(self, name, info):
+        """When the save of name was over: its last write, or its pointer's when that names it."""
+        pointer = os.path.join(self.path, self.layout.pointer) if self.layout.pointer else None
+        if pointer and self.layout.pointed(self.path) == name:
+            try:
+                return max(info["mtime"], os.lstat(pointer).st_mtime)
+            except OSError:
+                pass
+        return info["mtime"]
 
     def loss(self, answered_at=None):
         """What a stop now loses: the newest complete checkpoint against the last step the

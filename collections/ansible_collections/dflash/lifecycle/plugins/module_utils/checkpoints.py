@@ -85,6 +85,7 @@ class Directory(checkpoint_verdict.StopVerdict):
         self.log_file = log_file
         self.step_regex = step_regex
         self.since = None  # the running trainer's start (epoch seconds): its own saves' interval
+        self.pointed_at_start = None  # what the layout's pointer named at the stop's snapshot
 
     @classmethod
     def of(cls, options):

@@ -77,7 +77,7 @@ def run(options, proc_root="/proc", check_mode=False):
         directory.check()
     except checkpoint_formats.InvalidLayout as err:
         raise StopFailed(str(err), result) from None
-    before = directory.entries()
+    before = directory.snapshot()
     targets = target_set.Targets(proc_root)
     progress_file = progress_report(options, directory)
     try:

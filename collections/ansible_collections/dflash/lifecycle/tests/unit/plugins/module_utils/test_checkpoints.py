@@ -291,3 +291,18 @@ def test_the_fingerprint_leaves_out_what_is_not_the_layouts(tmp_path):
     assert ck.fingerprint() == before
     (tmp_path / "checkpoint-5" / "optimizer.pt").write_bytes(b"x")
     assert ck.fingerprint() != before
+
+
+def test_a_checkpoint_whose_pointer_moves_during_the_stop_is_the_stops(tmp_path):
+    """step_500 was renamed into place just before the stop began, and the SIGINT cut the write of
+    latest; the trainer's handler found step_500 saved and moved latest: step_500 is the stop's."""
+    save(tmp_path, "step_327", age=60)
+    (tmp_path / "latest").write_text("step_327\n")
+    save(tmp_path, "step_500")
+    ck = directory(tmp_path)
+    before = ck.snapshot()
+    assert ck.report(before)["new"] is None
+    (tmp_path / "latest").write_text("step_500\n")
+    report = ck.report(before)
+    assert report["new"].endswith("step_500") and report["written"] is True and report["doubts"] == []
+    assert report["new_completed_at"] >= os.lstat(tmp_path / "latest").st_mtime
