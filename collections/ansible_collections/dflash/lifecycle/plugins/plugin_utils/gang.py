@@ -284,16 +284,14 @@ def _checkpoint_problems(gang, results, on_missing_checkpoint, after=None):
     it complete once every member has stopped (after: what each read then; a CT whose ranks left
     before rank 0's save was complete ended its own stop too early to tell). None written where
     a signal could save: the loss, unless on_missing_checkpoint is proceed."""
-    written = {h: r["checkpoint"]["new"] for h, r in results.items()
-               if (r.get("checkpoint") or {}).get("written")}
-    if not written:
+    newest = gang_checkpoint(results)
+    if newest is None:
         stopped = [h for h, r in results.items() if r.get("changed")]
         possible = [h for h, r in results.items() if r.get("graceful_possible")]
         if stopped and possible and on_missing_checkpoint == "fail":
             return [f"no CT of the gang saw a new sound checkpoint after its stop ({'; '.join(_why(h, r, 'stop') for h, r in results.items())}); "
                     "trainer_stop_on_missing_checkpoint=proceed accepts the loss"]
         return []
-    newest = max(written.values(), key=lambda n: _step_of(results, n))
     found = []
     for host, result in results.items():
         read = (after or {}).get(host)
@@ -302,6 +300,15 @@ def _checkpoint_problems(gang, results, on_missing_checkpoint, after=None):
             found.append(f"{host} does not see the gang's new checkpoint {newest} complete (its newest: {seen}): the CTs "
                          "of a gang resume from one checkpoint directory (a mount point on shared storage)")
     return found
+
+
+def gang_checkpoint(results):
+    """The gang's one checkpoint: the newest, by step, that a member's stop saw written (a CT whose
+    ranks left at once may have seen an older save of rank 0 complete during its stop). results:
+    {member: its stop result}; None when no stop saw one written."""
+    written = {h: r["checkpoint"]["new"] for h, r in results.items()
+               if isinstance(r, dict) and (r.get("checkpoint") or {}).get("written")}
+    return max(written.values(), key=lambda n: _step_of(results, n)) if written else None
 
 
 def relaunchable(stops, after):
@@ -396,14 +403,16 @@ def report(gang, summaries, stops, check_mode=False):
     releases = sorted({str(s.get("release")) for s in summaries.values()})
     spread = skew(stops)
     logger = next((h for h in members if (summaries.get(h) or {}).get("tokens_per_s") is not None), None)
-    checkpoints = sorted({s["checkpoint"] for s in summaries.values() if s.get("checkpoint")})
-    lost = next((s["steps_lost"] for s in summaries.values() if s.get("steps_lost") is not None), None)
+    checkpoint = gang_checkpoint(stops)
+    # the loss as the CT whose stop saw the gang's checkpoint written states it
+    lost = next((s["steps_lost"] for s in summaries.values()
+                 if s.get("checkpoint") == checkpoint and s.get("steps_lost") is not None), None)
     errors = [f"{h}: {'; '.join(summaries[h]['errors'])}" for h in members if (summaries.get(h) or {}).get("errors")]
     head = (f"gang {gang['name']} ({gang['size']} CTs, {gang['rendezvous']} rendezvous at {gang['endpoint']}): "
             f"release {', '.join(releases)}")
     if spread or any((s or {}).get("stopped_by") for s in summaries.values()):
         head += ", " + _skew_words(spread)
-    head += (f", checkpoint {', '.join(checkpoints)}" if checkpoints else ", NO new checkpoint")
+    head += f", checkpoint {checkpoint}" if checkpoint else ", NO new checkpoint"
     if lost is not None:
         head += f" ({lost} steps lost)"
     running = [h for h in members if (summaries.get(h) or {}).get("pid")]

@@ -225,12 +225,17 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
                  "b": {"release": "r2", "checkpoint": "/c/step_20", "steps_lost": None, "pid": 20, "ranks": 2,
                        "healthy_seconds": 3.0, "tokens_per_s": None, "resumed_from": "/c/step_20", "errors": [],
                        "stopped_by": {"signal": "SIGINT"}}}
-    stops = {"a": stop(signalled_at=50.0), "b": stop(signalled_at=50.0012)}
+    stops = {"a": stop("/c/step_20", step=20, signalled_at=50.0), "b": stop("/c/step_20", step=20, signalled_at=50.0012)}
     assert gang.report(plan, summaries, stops) == [
         "gang big (2 CTs, c10d rendezvous at 10.0.0.1:29500): release r2, stop signalled together (skew 1.2 ms, a "
         "first), checkpoint /c/step_20 (0 steps lost), every CT running; a logs 20000.0 tok/s",
         "  a (rank 0): PID 10, 2 ranks (1 GPU(s) each) healthy after 3.1s, resumed from /c/step_20",
         "  b (rank 1): PID 20, 2 ranks (1 GPU(s) each) healthy after 3.0s, resumed from /c/step_20"]
+    # b's ranks left at once and its stop saw an older save of rank 0 complete: the gang's checkpoint
+    # is the newest any stop saw written, with the loss its own stop stated
+    raced = dict(summaries, b=dict(summaries["b"], checkpoint="/c/step_10"))
+    raced_stops = dict(stops, b=stop("/c/step_10", step=10, signalled_at=50.0012))
+    assert "checkpoint /c/step_20 (0 steps lost), every CT running" in gang.report(plan, raced, raced_stops)[0]
     compared = {"verdict": "ok", "before": 19000.0, "after": 20000.0, "change_pct": 5.3, "threshold_pct": -5.0,
                 "action": None, "stages": [], "why": ""}
     with_canary = {h: dict(s, canary=compared) for h, s in summaries.items()}
