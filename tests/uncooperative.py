@@ -32,7 +32,7 @@ LADDER = [{"signal": "SIGINT", "scope": "main", "wait": 15}, {"signal": "SIGTERM
 PROGRESS = re.compile(r"\bstep (\d+) epoch")
 
 
-def _default_signals():
+def default_signals():
     """SIGINT and SIGTERM at their defaults, as the launch starts a trainer: a test run started as
     a background job of a non-interactive shell would pass SIGINT on ignored (as nohup ... & does)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -63,7 +63,7 @@ class Trainer:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_default_signals)
+                                         preexec_fn=default_signals)
 
     def text(self):
         with open(self.log, encoding="utf-8", errors="replace") as handle:

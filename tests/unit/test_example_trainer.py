@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from uncooperative import default_signals
+
 from testlib import TRAINER
 
 SEED_ARGS = ["--target-gpus", "0,1,2,3,4", "--drafter-gpus", "5,6,7", "--epochs", "6",
@@ -33,7 +35,8 @@ class Trainer:
                 *SEED_ARGS, *extra]
         full_env = {**os.environ, "DFLASH_STEP_SECONDS": "0.01", **(env or {})}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                         preexec_fn=default_signals)
 
     def text(self):
         return self.log.read_text()

@@ -1,6 +1,7 @@
 """module_utils/staged_stop.py: the steps in order, on a fake /proc and on real processes."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -78,13 +79,21 @@ TRAINER = textwrap.dedent("""
 """)
 
 
+def signals_at_default():
+    """SIGINT and SIGTERM at their defaults in the trainer, as the launch starts one: a test run
+    started as a background job of a non-interactive shell (run-all.sh) passes SIGINT on ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start_trainer(tmp_path, **env):
     script = tmp_path / "dflash_unit_trainer.py"
     script.write_text(TRAINER)
     (tmp_path / "ck").mkdir(exist_ok=True)
     (tmp_path / "train.log").write_text("step 5 tok/s 1\n")
     child = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE,
-                             env=dict(os.environ, **env), text=True)
+                             env=dict(os.environ, **env), text=True,
+                             preexec_fn=signals_at_default)
     assert child.stdout.readline() == "ready\n"
     return child
 
@@ -158,7 +167,8 @@ def start_periodic(tmp_path, **env):
     (out / "checkpoint-5").mkdir(exist_ok=True)
     (out / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
     child = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE,
-                             env=dict(os.environ, **env), text=True)
+                             env=dict(os.environ, **env), text=True,
+                             preexec_fn=signals_at_default)
     assert child.stdout.readline() == "ready\n"
     return child
 
