@@ -103,7 +103,9 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
 
-test: setup venv-next venv-torch ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
+# the three venvs are built side by side (pip mostly waits on unpacking and building wheels)
+test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
+	@$(MAKE) --no-print-directory -j3 venv venv-next venv-torch
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
 bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode)

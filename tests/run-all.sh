@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every check of `make test`: ansible-lint; ansible-test sanity and the GPU check's CPU mode
-# side by side with pytest (those two are CPU-bound, the integration tests mostly wait on their
-# trainers: in a row they would need half an hour of two CPUs); then the collection's unit
-# tests and the pct plugin's under the newest ansible-core. Fails when any of them failed.
+# Every check of `make test`, side by side: pytest on PYTEST_WORKERS workers (the integration
+# tests mostly wait on their trainers), and beside it the CPU-bound rest - ansible-lint,
+# ansible-test sanity, the GPU check's CPU mode, and the collection's unit tests and the pct
+# plugin's under the newest ansible-core (on a testbed of its own). In a row they would need
+# half an hour of two CPUs. Fails when any of them failed.
 # Usage: tests/run-all.sh VENV_BIN VENV_NEXT_BIN TORCH_PYTHON [pytest arguments]
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,33 +15,43 @@ logs="$repo/artifacts/test"
 rm -rf "$logs" && mkdir -p "$logs"
 cd "$repo"
 
-"$bin/ansible-lint" --offline --profile production || exit 1
-
+# the checkpoint imitations are loaded with the real torch and safetensors of this venv
+export DFLASH_TORCH_PYTHON="$torch_python"
+"$bin/ansible-lint" --offline --profile production > "$logs/lint.log" 2>&1 &
+lint=$!
 tests/sanity/run.sh "$bin/python" > "$logs/sanity.log" 2>&1 &
 sanity=$!
 "$bin/python" bench/gpu_check.py --cpu --trainer-python "$torch_python" --work-dir "$logs/gpu-check" \
   --out "$logs/gpu_check.json" > "$logs/gpu-check.log" 2>&1 &
 gpu_check=$!
-# an interrupted run ends the two it started, by PID (the GPU check ends its trainers itself)
-trap 'kill $sanity $gpu_check 2> /dev/null' INT TERM
+DFLASH_TESTBED_WORKER=gw9 "$next_bin/python" -m pytest -p no:cacheprovider "$@" \
+  collections/ansible_collections/dflash/lifecycle/tests/unit tests/integration/test_connection_plugin.py \
+  > "$logs/pytest-next.log" 2>&1 &
+next=$!
+# an interrupted run ends the ones it started, by PID (the GPU check ends its trainers itself;
+# the pytest runs take their testbeds down)
+trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
-# the checkpoint imitations are loaded with the real torch and safetensors of this venv
-export DFLASH_TORCH_PYTHON="$torch_python"
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
 # each worker on a testbed of its own (tests/conftest.py)
 "$bin/python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"
 pytest_status=$?
-"$next_bin/python" -m pytest "$@" collections/ansible_collections/dflash/lifecycle/tests/unit \
-  tests/integration/test_connection_plugin.py
+wait $next
 next_status=$?
+wait $lint
+lint_status=$?
 wait $sanity
 sanity_status=$?
 wait $gpu_check
 gpu_check_status=$?
 
+echo "== ansible-lint (exit $lint_status; $logs/lint.log)"
+tail -n 5 "$logs/lint.log"
+echo "== pytest under the newest ansible-core (exit $next_status; $logs/pytest-next.log)"
+if [ $next_status -ne 0 ]; then tail -n 80 "$logs/pytest-next.log"; else tail -n 1 "$logs/pytest-next.log"; fi
 echo "== ansible-test sanity (exit $sanity_status; $logs/sanity.log)"
 if [ $sanity_status -ne 0 ]; then tail -n 60 "$logs/sanity.log"; else grep -c '^Running sanity test' "$logs/sanity.log" | xargs printf '%s sanity tests passed\n'; fi
 echo "== GPU check, CPU mode (exit $gpu_check_status; $logs/gpu-check.log)"
 tail -n 40 "$logs/gpu-check.log"
-echo "== pytest $pytest_status, pytest (newest ansible-core) $next_status, sanity $sanity_status, GPU check $gpu_check_status"
-[ $pytest_status -eq 0 ] && [ $next_status -eq 0 ] && [ $sanity_status -eq 0 ] && [ $gpu_check_status -eq 0 ]
+echo "== lint $lint_status, pytest $pytest_status, pytest (newest ansible-core) $next_status, sanity $sanity_status, GPU check $gpu_check_status"
+[ $lint_status -eq 0 ] && [ $pytest_status -eq 0 ] && [ $next_status -eq 0 ] && [ $sanity_status -eq 0 ] && [ $gpu_check_status -eq 0 ]

@@ -30,8 +30,9 @@ def _worker_inventory():
     """The testbed inventory of this pytest-xdist worker: inventory/testbed for the first (and
     without xdist), else a copy with its own state dir and nodes on 127.77.(10+N).x, made once
     per worker. Exported as INVENTORY, TESTBED_INVENTORY and ANSIBLE_INVENTORY, so make, the
-    testbed and ansible in a test reach this worker's testbed and no other."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    testbed and ansible in a test reach this worker's testbed and no other. A pytest run beside
+    the workers (run-all.sh's second one) names its own with DFLASH_TESTBED_WORKER."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("DFLASH_TESTBED_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     default = os.path.join(REPO, "inventory", "testbed")
     if index == 0:
