@@ -327,6 +327,9 @@ def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed)
         assert re.search(r"the log is at step \d+: \d+ steps not in a checkpoint", out)
         assert "Free space there: 0.00 GiB" in out and "Temporary files left (not deleted): .tmp-step_" in out
         assert "NO TRAINER IS RUNNING in this CT" in out
+        # said first, with when and the command that starts it again
+        assert re.search(r"ct300 is DOWN since \d{4}-\d\d-\d\d [0-9:]{8} UTC, when this job stopped it: "
+                         r"`make start HOST=ct300` starts it again\. ct300: release", out), out
         assert not task_ran(res.stdout, "Start the trainer and wait until it is healthy")  # nothing relaunched
         assert ".tmp-step_" in in_ct300(testbed, f"ls -a {out_dir}").stdout  # reported, never deleted
     finally:

@@ -11,6 +11,7 @@ the job is said in plain words, above all when none does.
 from __future__ import annotations
 
 import shlex
+import time
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
@@ -107,6 +108,8 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "relaunched_after_stop": bool(relaunched_after_stop) and running,
         # when this job stopped the run (the stop's first signal, the node's wall clock)
         "stopped_at": (stop or {}).get("signalled_at") if isinstance(stop, dict) else None,
+        # the gang this CT runs in (its own report says what the gang's state is)
+        "gang": ((checked or {}).get("gang") or {}).get("name") if isinstance(checked, dict) else None,
     }
     data["release_words"] = release_words
     data["stop_words"] = _stop_words(stop, data)
@@ -174,6 +177,10 @@ def _launch_words(launch, failed_launch, data):
 def report(data):
     """The lines a person reads: what happened to the CT, then the command line (or why none)."""
     head = f"{data['host']}: " + ", ".join((data["release_words"], data["stop_words"], data["launch_words"]))
+    if data["trainer_running"] is False and data["stopped_at"] and not data["gang"]:
+        # this job stopped the run and could not start it again: said first, with the way back
+        head = (f"{data['host']} is DOWN since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(data['stopped_at']))} UTC, "
+                f"when this job stopped it: `make start HOST={data['host']}` starts it again. " + head)
     lines = [head]
     if data["errors"]:
         lines.append("; ".join(data["errors"]))

@@ -58,6 +58,16 @@ def test_a_stop_that_lost_work_says_no_trainer_runs():
                        msg="the trainer stopped, but no new sound checkpoint in /ck: none completed during the stop.")
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=failed_stop)
     assert lines[0] == "ct200: release new1 (new: 1 modified, 0 added, 0 removed), stop failed, not launched"
+    assert lines[2] == "NO TRAINER IS RUNNING in this CT" and data["trainer_running"] is False
+    # the stop signalled the run (its first signal's wall-clock moment): the first line says it is down
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=dict(failed_stop, signalled_at=1796170000.0))
+    assert lines[0] == ("ct200 is DOWN since 2026-12-02 00:06:40 UTC, when this job stopped it: `make start HOST=ct200` "
+                        "starts it again. ct200: release new1 (new: 1 modified, 0 added, 0 removed), stop failed, "
+                        "not launched")
+    # a CT of a gang: the gang's report says the gang is down, with the gang's command
+    data, lines = summarize(checked={"gang": {"name": "big"}}, manifest=MANIFEST, preflight=PREFLIGHT,
+                            stop=dict(failed_stop, signalled_at=1796170000.0))
+    assert lines[0].startswith("ct200: release new1") and data["gang"] == "big"
     assert lines[1].startswith("stop failed: the trainer stopped, but no new sound checkpoint")
     assert lines[2] == "NO TRAINER IS RUNNING in this CT" and data["trainer_running"] is False
 
