@@ -15,8 +15,10 @@ processes are the host's too). For each run it prints:
   moment it stops training) to the new run's first progress line, in three parts: the save (until
   the old trainer's process is gone), the handoff (until the new trainer's process starts: all of
   the tool's own work in between) and the start-up (until its first progress line);
-- the stop task's own overhead (its wall time less the trainer's save) and the preflight task's
-  wall time, from the playbook's task times (bench/callback_plugins/task_seconds.py);
+- the stop's own overhead and the preflight task's wall time, from the playbook's task times
+  (bench/callback_plugins/task_seconds.py): a stop task's wall time less the trainer's save, or,
+  where the stop runs in the launch's call (a CT that runs alone), the time from that task's start
+  to the trainer's answer to SIGINT plus the handoff;
 - tasks run and pct calls.
 
 The trainer logs a progress line every profile_interval steps, counted from step 0: with the
@@ -52,8 +54,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def boot_time():
-    with open("/proc/stat", encoding="ascii") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    """The wall-clock moment of boot, to the clock's resolution: a process's start in /proc is
+    counted in ticks since boot, and /proc/stat's btime is whole seconds, which would shift every
+    start by up to a second against the times the watch reads by the wall clock."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 BOOT = boot_time()
@@ -180,8 +184,14 @@ class Bench:
             with open(self.task_file, encoding="utf-8") as handle:
                 tasks = [json.loads(line) for line in handle]
             row["tasks"] = sum(1 for task in tasks if task["status"] == "done")
-            seconds = {task["task"].split(" : ", 1)[-1]: task["seconds"] for task in tasks}  # less the role
-            row["stop_overhead"] = seconds["Stop the trainer in stages"] - row["save"]
+            by_name = {task["task"].split(" : ", 1)[-1]: task for task in tasks}  # less the role
+            seconds = {name: task["seconds"] for name, task in by_name.items()}
+            if by_name["Stop the trainer in stages"]["status"] == "skipped":
+                # the stop ran in the launch's call: its part is the way to the signal and the handoff
+                launch_began = by_name["Start the trainer and wait until it is healthy"]["began_at"]
+                row["stop_overhead"] = t["answer"] - launch_began + row["handoff"]
+            else:
+                row["stop_overhead"] = seconds["Stop the trainer in stages"] - row["save"]
             row["preflight"] = seconds["Check GPUs, model, data, disk and the installed trainer in the CT"]
         return row
 

@@ -1,4 +1,4 @@
-"""How long each task took on each host, as JSON lines in $DFLASH_BENCH_TASK_SECONDS: the benches
+"""How long each task took on each host, and when it began, as JSON lines in $DFLASH_BENCH_TASK_SECONDS: the benches
 read a phase's own cost from it (the preflight task, the stop task). Enabled by the benches only
 (ANSIBLE_CALLBACKS_ENABLED=task_seconds, ANSIBLE_CALLBACK_PLUGINS=bench/callback_plugins)."""
 
@@ -12,7 +12,7 @@ DOCUMENTATION = """
 name: task_seconds
 type: aggregate
 short_description: each task's seconds per host, for the benches
-description: Writes one JSON line per task and host (task name, host, seconds) to $DFLASH_BENCH_TASK_SECONDS.
+description: Writes one JSON line per task and host (task name, host, seconds, began_at) to $DFLASH_BENCH_TASK_SECONDS.
 requirements: [DFLASH_BENCH_TASK_SECONDS in the environment]
 """
 
@@ -29,15 +29,19 @@ class CallbackModule(CallbackBase):
         self._out = os.environ.get("DFLASH_BENCH_TASK_SECONDS")
 
     def v2_playbook_on_task_start(self, task, is_conditional):
-        self._started[task._uuid] = time.monotonic()
+        self._started[task._uuid] = (time.monotonic(), time.time())
 
-    def _done(self, result):
+    def _done(self, result, status="done"):
         if not self._out:
             return
-        began = self._started.get(result._task._uuid)
+        began, began_at = self._started.get(result._task._uuid, (None, None))
         with open(self._out, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"task": result._task.get_name(), "host": result._host.get_name(),
                                      "seconds": None if began is None else round(time.monotonic() - began, 3),
-                                     "status": result._result.get("skipped") and "skipped" or "done"}) + "\n")
+                                     "began_at": began_at,
+                                     "status": status}) + "\n")
 
-    v2_runner_on_ok = v2_runner_on_failed = v2_runner_on_skipped = _done
+    v2_runner_on_ok = v2_runner_on_failed = _done
+
+    def v2_runner_on_skipped(self, result):
+        self._done(result, "skipped")
