@@ -93,8 +93,20 @@ REDEPLOY = os.path.join(REPO, "redeploy.yml")
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
 
 
+def module_gone_with_its_session(sh):
+    """The attached module process of a call whose connection dropped, ended as the end of its
+    session would end it (it waits for the detached stop worker, which goes on; the launch in the
+    same call would follow the stop if the process outlived its session). Ours: started by the
+    job this test ran, found by its argv (the pipelined `python3`), never the worker."""
+    worker = sh("cut -d' ' -f1 /run/dflash/stop.worker", check=False).stdout.strip()
+    for pid in sh("pgrep -x -f /usr/bin/python3", check=False).stdout.split():
+        if pid != worker:
+            sh(f"kill -KILL {pid}", check=False)
+
+
 def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(testbed):
-    """The same drop in the middle of redeploy.yml's stop: the stop ends in the CT all the same,
+    """The same drop in the middle of redeploy.yml's stop (in the launch's call: a CT that runs
+    alone), its attached module ended with its session: the stop ends in the CT all the same,
     but the run never gave its lock back, so a rerun is refused while the lease lasts and says
     how to take it over; taken over by name, the rerun converges."""
     out = "/workspace/ck-drop"
@@ -110,7 +122,8 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
     try:
         wait_for_checkpoint_history(in_ct200, out, timeout=60)
         status, output = drop_connection_mid_stop(
-            in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override])
+            in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override],
+            after_drop=lambda: module_gone_with_its_session(in_ct200))
         assert status != 0 and "UNREACHABLE" in output
         deadline = time.monotonic() + 60
         while in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.strip():
@@ -330,7 +343,10 @@ def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed)
         # said first, with when and the command that starts it again
         assert re.search(r"ct300 is DOWN since \d{4}-\d\d-\d\d [0-9:]{8} UTC, when this job stopped it: "
                          r"`make start HOST=ct300` starts it again\. ct300: release", out), out
-        assert not task_ran(res.stdout, "Start the trainer and wait until it is healthy")  # nothing relaunched
+        # the launch's call stopped first and started nothing; no rescue relaunched anything
+        assert "the stop failed, nothing was started" in out, out
+        assert not task_ran(res.stdout, "Relaunch it from the newest checkpoint")
+        assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout == ""
         assert ".tmp-step_" in in_ct300(testbed, f"ls -a {out_dir}").stdout  # reported, never deleted
     finally:
         in_ct300(testbed, f"umount {out_dir}; rmdir {out_dir}", check=False)

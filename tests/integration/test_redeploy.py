@@ -112,11 +112,19 @@ def test_no_change_redeploy_stops_and_relaunches_without_a_push(seeded):
     seeded.playbook(REDEPLOY, "-l", "ct201")  # the default source is now the current release
     old = trainer_pids(seeded, "ct201")
     pushes = pct_pushes(seeded)
+    calls = len(seeded.pct_invocations("pve1"))
     res = seeded.playbook(REDEPLOY, "-l", "ct201")
+    job_calls = seeded.pct_invocations("pve1")[calls:]
     assert "failed=0" in res.stdout
     assert pct_pushes(seeded) == pushes
     new = trainer_pids(seeded, "ct201")
     assert len(new) == 1 and new != old
+    # a CT that runs alone: the stop runs in the launch's own call, no task of its own; two pct
+    # calls in all (the preflight, then the stop and the launch)
+    assert not task_ran(res.stdout, "Stop the trainer in stages")
+    assert re.search(r"ct201: release \w+ \(installed already\), stopped by SIGINT in [0-9.]+s, checkpoint "
+                     r"\S+ \(step_dirs\) \(0 steps lost\), PID \d+", " ".join(res.stdout.split())), res.stdout
+    assert len(job_calls) == 2, job_calls
 
 
 def test_compile_error_leaves_the_running_trainer_alone(seeded, tmp_path):

@@ -5,19 +5,16 @@ passes 10 seconds, shows its progress on the controller (plugin_utils/progress_w
 
 from __future__ import annotations
 
-import os
-
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ProgressWatch, stop_words
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ProgressWatch, stop_progress_file, stop_words
 
 
 class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
-        if not args.get("progress_file"):
-            args["progress_file"] = os.path.join(args.get("detach_dir") or "/run/dflash", "stop.progress.json")
+        args["progress_file"] = stop_progress_file(args)
         watch = ProgressWatch(self._connection, args["progress_file"], stop_words, task_vars.get("inventory_hostname"))
         result.update(watch.run(lambda: self._execute_module(
             module_name="dflash.lifecycle.staged_stop", module_args=args, task_vars=task_vars)))

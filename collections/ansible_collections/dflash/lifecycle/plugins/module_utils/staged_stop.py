@@ -16,8 +16,8 @@ import resource
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoint_verdict, checkpoints, ladder, launchers, progress, proctable, rundir, target_set,
-    trainer_finding)
+    checkpoint_formats, checkpoint_verdict, checkpoints, detached, ladder, launchers, progress, proctable, rundir,
+    target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -116,6 +116,28 @@ def run(options, proc_root="/proc", check_mode=False):
         targets.close()
         progress_file.close()
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
+
+
+def run_in_module(options, check_mode=False):
+    """The stop of a module call (staged_stop's, or the launch's stop_first): detached inside the
+    CT when options.detach says so, so that a dropped connection does not stop it. Returns the
+    result; a stop that did not end as asked has failed: True in it."""
+    def stop():
+        try:
+            return run(options, check_mode=check_mode)
+        except StopFailed as err:
+            return dict(err.result, failed=True)
+
+    if not (options.detach and not check_mode):
+        return stop()
+    # the detached process is no descendant of ours: keep our ancestors out of reach
+    options.exclude_pids.update(proctable.ancestors(proctable.snapshot(), os.getpid()))
+    try:
+        result, adopted = detached.run(stop, options.detach_dir, "stop")
+    except (rundir.UnsafePath, OSError) as err:
+        return {"failed": True, "msg": f"detach_dir: {err}"}
+    result["adopted"] = adopted
+    return result
 
 
 def _names(signals):

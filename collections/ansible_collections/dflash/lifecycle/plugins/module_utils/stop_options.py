@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoints import DEFAULT_TEMP_PATTERNS
 
@@ -111,6 +112,20 @@ def validate_ladder(ladder):
         stages.append({"signal": signal_number(stage["signal"], f"{where}.signal"),
                        "scope": scope, "wait": wait})
     return stages
+
+
+def checked(params, where):
+    """StopOptions from a mapping of staged_stop's options given to another module (the launch's
+    stop_first), validated as staged_stop's own; errors name the option as where.<name>."""
+    if not isinstance(params, dict):
+        raise InvalidParameter(f"{where}: must be a mapping of dflash.lifecycle.staged_stop's options")
+    validated = ArgumentSpecValidator(ARGUMENT_SPEC, required_one_of=[("pidfile", "pattern")]).validate(params)
+    if validated.error_messages:
+        raise InvalidParameter("; ".join(f"{where}: {message}" for message in validated.error_messages))
+    try:
+        return StopOptions(validated.validated_parameters)
+    except InvalidParameter as err:
+        raise InvalidParameter(f"{where}.{err}") from None
 
 
 class StopOptions:

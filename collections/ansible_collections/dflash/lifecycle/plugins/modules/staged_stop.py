@@ -506,9 +506,7 @@ ladder:
   elements: dict
 """
 
-import os
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, leased, proctable, rundir, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, staged_stop
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import ARGUMENT_SPEC, InvalidParameter, StopOptions
 
 
@@ -519,23 +517,7 @@ def main():
         options = StopOptions(module.params)
     except InvalidParameter as err:
         module.fail_json(msg=str(err))
-
-    def stop():
-        try:
-            return staged_stop.run(options, check_mode=module.check_mode)
-        except staged_stop.StopFailed as err:
-            return dict(err.result, failed=True)
-
-    try:
-        if options.detach and not module.check_mode:
-            # the detached process is no descendant of ours: keep our ancestors out of reach
-            options.exclude_pids.update(proctable.ancestors(proctable.snapshot(), os.getpid()))
-            result, adopted = detached.run(stop, options.detach_dir, "stop")
-            result["adopted"] = adopted
-        else:
-            result = stop()
-    except (rundir.UnsafePath, OSError) as err:
-        module.fail_json(msg=f"detach_dir: {err}")
+    result = staged_stop.run_in_module(options, check_mode=module.check_mode)
     if result.pop("failed", False):
         module.fail_json(**result)
     for note in result["notes"]:

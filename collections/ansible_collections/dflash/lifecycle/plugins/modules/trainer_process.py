@@ -29,6 +29,11 @@ description:
     is refused and nothing is written); O(wrapper_script) and O(secrets_env) are written there as
     C(trainer.sh) (C(0700)) and C(secrets.env) (C(0600)) through files opened with O_NOFOLLOW and
     renamed into place; O(create_dirs) are created C(0755).
+  - With O(stop_first), it first stops the running trainer in stages, exactly as
+    M(dflash.lifecycle.staged_stop) with those options does, and starts the new one only when
+    that stop succeeded - the stop and the launch in one call inside the CT, with no controller
+    round trip between the old run's end and the new one's start. C(redeploy.yml) does this for a
+    CT that runs alone.
   - With O(activate), once the refusal checks passed it points the release directory's
     C(current) at the given release, in the same call (see M(dflash.lifecycle.trainer_release)
     V(activate)); C(redeploy.yml) activates the pushed release this way, saving a round trip.
@@ -56,6 +61,13 @@ options:
   pattern:
     description: Regex on the full command line of an already running trainer.
     type: str
+  stop_first:
+    description:
+      - The options of M(dflash.lifecycle.staged_stop), validated as that module validates them,
+        without its C(lock_*) options (this module's own lock covers the stop too). When set, the stop runs
+        first and the launch only when it succeeded; a failed stop fails the task with RV(stop)
+        and starts nothing. Ignored in check mode, where the launch reports what it would do.
+    type: dict
   refuse_busy:
     description:
       - Refuse when a trainer runs or a GPU is held. A check run of a redeploy turns this off, as
@@ -325,6 +337,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+stop:
+  description: >-
+    The result of the stop of O(stop_first), as M(dflash.lifecycle.staged_stop) returns it
+    (C(failed) true when it did not end as asked; then nothing was started).
+  returned: when O(stop_first) is set, outside check mode
+  type: dict
 activated:
   description: Whether O(activate) moved C(current) (C(changed)), and C(current) and C(previous) after it.
   returned: when O(activate) is set and the refusal checks passed
@@ -457,7 +475,8 @@ import os
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoints, gpu_memory, launch, leased, progress, releases, rundir, trainer_finding)
+    checkpoint_formats, checkpoints, gpu_memory, launch, leased, progress, releases, rundir, staged_stop, stop_options,
+    trainer_finding)
 
 
 def wait_for_gpus(module, params, done):
@@ -480,6 +499,23 @@ def wait_for_gpus(module, params, done):
         report.close()
 
 
+def stop_first(module, params):
+    """The stop before the launch (stop_first); fails the task when it did not end as asked.
+    Returns its result, or None when there is none to run."""
+    if not params["stop_first"] or module.check_mode:
+        return None
+    try:
+        options = stop_options.checked(params["stop_first"], "stop_first")
+    except stop_options.InvalidParameter as err:
+        module.fail_json(msg=f"{err}; nothing was stopped or started")
+    result = staged_stop.run_in_module(options)
+    for note in result.get("notes", []):
+        module.warn(note)
+    if result.get("failed"):
+        module.fail_json(msg=f"the stop failed, nothing was started: {result.get('msg')}", stop=result)
+    return result
+
+
 def main():
     module = leased.LeasedModule(
         phase="launch",
@@ -492,6 +528,7 @@ def main():
             "wrapper_script": {"type": "str"},
             "secrets_env": {"type": "str", "no_log": True},
             "create_dirs": {"type": "list", "elements": "path", "default": []},
+            "stop_first": {"type": "dict"},
             "refuse_busy": {"type": "bool", "default": True},
             "device_paths": {"type": "list", "elements": "str", "default": []},
             "gpus": {"type": "list", "elements": "int", "default": []},
@@ -536,23 +573,25 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    stopped = stop_first(module, params)
+    # every later result carries the stop's: what the report and a rescue read
+    done = {"stop": stopped} if stopped is not None else {}
     try:
         written = launch.prepare_run(params, check_mode=module.check_mode)
     except (rundir.UnsafePath, OSError) as err:
-        module.fail_json(msg=f"run directory: {err}")
+        module.fail_json(msg=f"run directory: {err}", **done)
+    done["written"] = written
     running = trainer_finding.running(params["pidfile"], params["pattern"]) if params["refuse_busy"] else None
     if running is not None:
         module.fail_json(msg=f"a trainer is already running: PID {running.pid} "
-                             f"({running.cmdline[:200]}); stop it first", pid=running.pid,
-                         written=written)
+                             f"({running.cmdline[:200]}); stop it first", pid=running.pid, **done)
     short = launch.free_space_short(params["checkpoint_dir"], params["min_free_gb"])
     if short:
-        module.fail_json(msg=f"checkpoint_dir: {short}; nothing was started", written=written)
+        module.fail_json(msg=f"checkpoint_dir: {short}; nothing was started", **done)
     try:
         launch.reader_of(params)
     except (ValueError, re.error) as err:
-        module.fail_json(msg=f"step_regex/throughput_patterns/profile_*_regex: {err}", written=written)
-    done = {"written": written}
+        module.fail_json(msg=f"step_regex/throughput_patterns/profile_*_regex: {err}", **done)
     if params["refuse_busy"]:
         done["gpu_wait"] = wait_for_gpus(module, params, done)
     try:

@@ -14,6 +14,7 @@ FIRST_AFTER seconds prints nothing: the quiet case stays quiet, and costs no ext
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import threading
 
@@ -23,6 +24,13 @@ display = Display()
 
 FIRST_AFTER = 10.0
 EVERY = 5.0
+
+
+def stop_progress_file(stop_args):
+    """Where a stop with these module options writes its progress: its progress_file, else the
+    file its detach_dir holds for it."""
+    return stop_args.get("progress_file") or os.path.join(stop_args.get("detach_dir") or "/run/dflash",
+                                                          "stop.progress.json")
 
 
 def stop_words(progress):
@@ -55,12 +63,13 @@ def launch_words(progress):
 
 class ProgressWatch:
     """Runs call() (the module) in a thread; while it runs past FIRST_AFTER seconds, shows
-    the progress file's content, rendered by render, every EVERY seconds when it changed."""
+    the progress file's content, rendered by render, every EVERY seconds when it changed. more:
+    further (path, render) pairs, for a module that waits in more than one way (the launch's
+    stop_first writes the stop's progress, then the launch's)."""
 
-    def __init__(self, connection, path, render, host):
+    def __init__(self, connection, path, render, host, more=()):
         self.connection = connection
-        self.path = path
-        self.render = render
+        self.files = [(path, render), *more]
         self.host = host
 
     def run(self, call):
@@ -75,23 +84,24 @@ class ProgressWatch:
         worker = threading.Thread(target=target, name="module", daemon=True)
         worker.start()
         worker.join(FIRST_AFTER)
-        shown = None
+        shown = {}
         while worker.is_alive():
-            text = self._read()
-            if text and text != shown:
-                shown = text
-                try:
-                    display.display(f"{self.host}: {self.render(json.loads(text))}")
-                except ValueError:
-                    pass  # a file being replaced: the next read has it
+            for path, render in self.files:
+                text = self._read(path)
+                if text and text != shown.get(path):
+                    shown[path] = text
+                    try:
+                        display.display(f"{self.host}: {render(json.loads(text))}")
+                    except ValueError:
+                        pass  # a file being replaced: the next read has it
             worker.join(EVERY)
         if "error" in outcome:
             raise outcome["error"]
         return outcome["result"]
 
-    def _read(self):
+    def _read(self, path):
         try:
-            code, out, _err = self.connection.exec_command(f"cat {shlex.quote(self.path)} 2>/dev/null")
+            code, out, _err = self.connection.exec_command(f"cat {shlex.quote(path)} 2>/dev/null")
         except Exception:  # noqa: BLE001  (showing progress must never fail the task)
             return None
         return out.decode("utf-8", "replace").strip() if code == 0 else None

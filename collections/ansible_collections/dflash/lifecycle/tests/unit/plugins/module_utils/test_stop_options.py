@@ -41,3 +41,17 @@ def test_old_option_names_are_deprecated_aliases():
     spec = stop_options.ARGUMENT_SPEC
     assert spec["graceful_wait_cap"]["aliases"] == ["checkpoint_max_wait"]
     assert spec["next_checkpoint_timeout"]["deprecated_aliases"][0]["name"] == "checkpoint_wait_max"
+
+
+def test_the_options_given_to_another_module_are_checked_as_staged_stop_checks_them():
+    """trainer_process's stop_first: staged_stop's own argument spec, errors named stop_first."""
+    options = stop_options.checked({"pidfile": "/run/dflash/trainer.pid", "graceful_wait_cap": "60"}, "stop_first")
+    assert options.graceful_wait_cap == 60.0 and options.saves_on == "auto" and options.stages[0]["wait"] == 120
+    for bad, error in (({"pidfile": "/p", "saves_on": "SIGUSR1"}, "stop_first: value of saves_on must be one of"),
+                       ({"ladder": [{"signal": "SIGINT"}]}, "stop_first: one of the following is required: pidfile, pattern"),
+                       ({"pidfile": "/p", "lock_unlock": True}, "stop_first: lock_unlock"),
+                       ("pidfile=/p", "stop_first: must be a mapping")):
+        with pytest.raises(stop_options.InvalidParameter, match=error):
+            stop_options.checked(bad, "stop_first")
+    with pytest.raises(stop_options.InvalidParameter, match=r"stop_first\.ladder\[0\]\.signal: unknown signal 'SIGNOPE'"):
+        stop_options.checked({"pidfile": "/p", "ladder": [{"signal": "SIGNOPE"}]}, "stop_first")

@@ -45,3 +45,26 @@ def test_the_launch_words():
         "throughput: 2 of 5 progress lines, 14000.0 tok/s so far, 11.0s of 300s"
     assert progress_watch.launch_words({"phase": "health", "elapsed": 12.5, "bound": 300}) == \
         "waiting for health: 12.5s of 300s, no progress line yet"
+
+
+def test_a_launch_with_its_stop_first_shows_the_stop_then_the_launch(monkeypatch):
+    """trainer_process with stop_first: the stop's progress file, then the launch's, in one watch."""
+    shown = []
+    monkeypatch.setattr(progress_watch.display, "display", shown.append)
+    monkeypatch.setattr(progress_watch, "FIRST_AFTER", 0.1)
+    monkeypatch.setattr(progress_watch, "EVERY", 0.1)
+    files = {"/run/dflash/stop.progress.json": {"stage": 1, "signal": "SIGINT", "elapsed": 12.0, "bound": 120,
+                                                "running": 1},
+             "/run/dflash/launch.progress.json": {"phase": "health", "elapsed": 12.5, "bound": 300}}
+
+    class Files:
+        def exec_command(self, command):
+            path = command.split()[1]
+            return (0, json.dumps(files[path]).encode(), b"") if path in files else (1, b"", b"")
+
+    assert progress_watch.stop_progress_file({"detach_dir": "/run/dflash"}) == "/run/dflash/stop.progress.json"
+    watch = progress_watch.ProgressWatch(Files(), "/run/dflash/launch.progress.json", progress_watch.launch_words,
+                                         "ct1", [(progress_watch.stop_progress_file({}), progress_watch.stop_words)])
+    assert watch.run(lambda: time.sleep(0.35) or {"ok": 1}) == {"ok": 1}
+    assert shown == ["ct1: waiting for health: 12.5s of 300s, no progress line yet",
+                     "ct1: stop stage 1 (SIGINT): 12.0s of 120s, 1 process(es) of the run still running"]
