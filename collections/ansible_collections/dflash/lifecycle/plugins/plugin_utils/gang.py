@@ -306,9 +306,9 @@ def gang_checkpoint(results):
     """The gang's one checkpoint: the newest, by step, that a member's stop saw written (a CT whose
     ranks left at once may have seen an older save of rank 0 complete during its stop). results:
     {member: its stop result}; None when no stop saw one written."""
-    written = {h: r["checkpoint"]["new"] for h, r in results.items()
-               if isinstance(r, dict) and (r.get("checkpoint") or {}).get("written")}
-    return max(written.values(), key=lambda n: _step_of(results, n)) if written else None
+    stops = {h: r for h, r in results.items() if isinstance(r, dict)}  # a CT that never stopped has none
+    written = [r["checkpoint"]["new"] for r in stops.values() if (r.get("checkpoint") or {}).get("written")]
+    return max(written, key=lambda n: _step_of(stops, n)) if written else None
 
 
 def relaunchable(stops, after):

@@ -236,6 +236,8 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     raced = dict(summaries, b=dict(summaries["b"], checkpoint="/c/step_10"))
     raced_stops = dict(stops, b=stop("/c/step_10", step=10, signalled_at=50.0012))
     assert "checkpoint /c/step_20 (0 steps lost), every CT running" in gang.report(plan, raced, raced_stops)[0]
+    # a CT with no stop result (it failed before its stop): the others' checkpoint still stands
+    assert "checkpoint /c/step_20 (0 steps lost)" in gang.report(plan, raced, {"b": None, "a": raced_stops["a"]})[0]
     compared = {"verdict": "ok", "before": 19000.0, "after": 20000.0, "change_pct": 5.3, "threshold_pct": -5.0,
                 "action": None, "stages": [], "why": ""}
     with_canary = {h: dict(s, canary=compared) for h, s in summaries.items()}
