@@ -3,7 +3,7 @@
 
 Faithful to proxmox/pve-container ``src/PVE/CLI/pct.pm`` (and the pve-common /
 pve-guest-common code it calls) for the sub-commands this project uses: exec,
-push, pull, status, list, start, stop, shutdown, config, migrate.  Where the real tool
+push, pull, status, list, start, stop, shutdown, config, set (memory), migrate.  Where the real tool
 has a surprising behaviour the project must cope with, this one has it too:
 
 * ``exec`` replaces itself with ``lxc-attach -n <vmid> --keep-env -- CMD``
@@ -51,6 +51,7 @@ USAGE = {
     "stop": "pct stop <vmid> [OPTIONS]",
     "shutdown": "pct shutdown <vmid> [OPTIONS]",
     "config": "pct config <vmid> [OPTIONS]",
+    "set": "pct set <vmid> [OPTIONS]",
     "list": "pct list",
     "migrate": "pct migrate <vmid> <target> [OPTIONS]",
 }
@@ -154,11 +155,14 @@ class Node:
 
     def start(self, vmid):
         # PVE::API2::LXC::Status vm_start
-        self.load_config(vmid)
+        conf = self.load_config(vmid)
         if self.check_running(vmid):
             raise PctError(f"CT {vmid} already running\n")
         with self.lock_config(vmid):
-            res = self.lxc("lxc-start", vmid)
+            # PVE::LXC::update_lxc_config writes the CT's memory limit into its LXC config before
+            # every start (the memory cgroup charges its /dev/shm tmpfs too)
+            key, limit = memory_limit(conf)
+            res = self.lxc("lxc-start", vmid, "-s", f"lxc.{key}={limit}")
             if res.returncode != 0 or not self.check_running(vmid):
                 sys.stderr.write(res.stderr)
                 raise PctError(f"startup for container '{vmid}' failed\n")
@@ -200,6 +204,16 @@ class Node:
             self.lxc("lxc-stop", vmid, *args)
             if self.check_running(vmid):
                 raise PctError("container did not stop\n")
+
+
+def memory_limit(conf):
+    """(LXC config key, bytes) of the CT's memory limit, as PVE::LXC::update_lxc_config writes it:
+    'memory' MiB (512 when unset) as cgroup v1's memory.limit_in_bytes, else cgroup v2's memory.max
+    (PVE writes memsw and memory.high beside it; the testbed's host has no swap to limit)."""
+    limit = int(conf.get("memory") or 512) * 1024 * 1024
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return "cgroup2.memory.max", limit
+    return "cgroup.memory.limit_in_bytes", limit
 
 
 def setns_mount(pid):
@@ -404,6 +418,32 @@ def cmd_config(node, argv):
     return 0
 
 
+def cmd_set(node, argv):
+    """PVE::API2::LXC::Config update_vm, for 'memory' only: the config is written under the CT's
+    lock, and a running CT gets the new limit at once (PVE::LXC::Config vmconfig_hotplug_pending:
+    PVE::LXC::Cgroup change_memory_limit), which fails when the CT already uses more."""
+    args, _ = parse("set", argv, ["vmid"], {"memory"})
+    vmid = args["vmid"]
+    if "memory" not in args:
+        raise PctError("no options specified\n")
+    if not re.match(r"^[1-9][0-9]*$", args["memory"]) or int(args["memory"]) < 16:
+        raise ParamError("set", {"memory": "value must have a minimum value of 16"})
+    node.load_config(vmid)
+    with node.lock_config(vmid):
+        path = node.conf_path(vmid)
+        with open(path, encoding="utf-8") as handle:
+            lines = [line for line in handle.read().splitlines() if not line.startswith("memory:")]
+        lines.insert(1, f"memory: {args['memory']}")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+        if node.check_running(vmid):
+            key, limit = memory_limit(node.load_config(vmid))
+            res = node.lxc("lxc-cgroup", vmid, key.split(".", 1)[1], str(limit))
+            if res.returncode != 0:
+                raise PctError(f"unable to hotplug memory: {res.stderr.strip()}\n")
+    return 0
+
+
 def cmd_list(node, argv):
     parse("list", argv, [], set())
     rows = []
@@ -483,7 +523,7 @@ def cmd_migrate(node, argv):
 
 COMMANDS = {
     "exec": cmd_exec, "push": cmd_push, "pull": cmd_pull, "status": cmd_status,
-    "config": cmd_config, "list": cmd_list, "start": cmd_start, "stop": cmd_stop,
+    "config": cmd_config, "set": cmd_set, "list": cmd_list, "start": cmd_start, "stop": cmd_stop,
     "shutdown": cmd_shutdown, "migrate": cmd_migrate,
 }
 

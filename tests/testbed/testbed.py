@@ -342,7 +342,9 @@ class Testbed:
             "lxc.net.0.type = empty",
             "lxc.apparmor.profile = unconfined",
             "lxc.autodev = 1",
-            "lxc.mount.auto = proc:rw sys:ro",
+            # the CT sees its own cgroups, its memory limit among them: a Proxmox CT's systemd mounts them
+            # in its cgroup namespace, and tini does not, so LXC does (force: it skips them in a namespace)
+            "lxc.mount.auto = proc:rw sys:ro cgroup:mixed:force",
             *[f"lxc.mount.entry = {m}" for m in mounts],
             f"lxc.init.cmd = /usr/bin/tini -- {CT_INIT}",
             "lxc.signal.halt = SIGTERM",
