@@ -108,7 +108,7 @@ test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; the u
 	@$(MAKE) --no-print-directory -j3 venv venv-next venv-torch
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
-bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode)
+bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk)
 	$(BIN)/python bench/first_progress.py
 	$(BIN)/python bench/stop_latency.py
 	$(BIN)/python bench/own_checkpoint_stop.py
@@ -117,6 +117,7 @@ bench: setup venv-torch ## the benchmark tables (first progress against the hand
 	$(BIN)/python bench/gang_redeploy.py
 	$(BIN)/python bench/push_cost.py
 	$(BIN)/python bench/redeploy_bench.py
+	$(BIN)/python bench/model_stage.py
 
 lint: venv ## ansible-lint (production profile) and ansible-test sanity on the collection
 	$(BIN)/ansible-lint --offline --profile production

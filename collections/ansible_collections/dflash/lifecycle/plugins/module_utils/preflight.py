@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, torch_probe
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, model_stage, torch_probe
 
 
 def count_gpus(nvidia_smi):
@@ -39,12 +39,16 @@ def preflight(params):
           f"{gpus} GPUs from nvidia-smi -L" + (f" ({error})" if error else ""),
           f"the run needs GPU ids up to {needed - 1}" if needed else "")
     model = params["target_model"]
+    staged = staging_plans(params.get("model_stage"), check)
     has_config = os.path.isfile(os.path.join(model, "config.json"))
-    check("target_model", has_config,
+    plan = next((p for p in staged or () if p["target"].rstrip("/") == model.rstrip("/")), None)
+    # a model to stage: the model_stage check says whether it can be
+    check("target_model", has_config or plan is not None,
           f"{model}: " + ("config.json present" if has_config
-                          else "no config.json" if os.path.isdir(model) else "missing"),
-          "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back"
-          if model.startswith("/dev/shm") else "")
+                          else "no config.json" if os.path.isdir(model) else "missing")
+          + (f", to be staged from {plan['source']}" if plan and plan["needed"] else ""),
+          "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back, or set "
+          "trainer_model_stage to its persistent copy" if model.startswith("/dev/shm") else "")
     data = params["data_dir"]
     entries = os.listdir(data) if os.path.isdir(data) else None
     check("data_dir", bool(entries),
@@ -61,9 +65,28 @@ def preflight(params):
               "no release is installed: run `make push` (or `make restart`) first")
     torch = launcher_support(params["launcher"], check) if params.get("launcher") else None
     layout = checkpoint_layout(params, check)
-    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout, "launcher": torch,
+    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout, "launcher": torch, "model_stage": staged,
+            "model_stage_needed": any(p["needed"] for p in staged or ()),
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def staging_plans(wanted, check):
+    """The model_stage check: each model to stage from its persistent copy can be (a model
+    directory, a target in a tmpfs) and fits in what the CT's memory can take; None without
+    wanted ({models, reserve_gb})."""
+    if not wanted:
+        return None
+    plans = []
+    for target, source in sorted(wanted["models"].items()):
+        try:
+            plans.append(model_stage.plan(target, str(source), int(wanted["reserve_gb"] * model_stage.GB)))
+        except model_stage.StageError as err:
+            check("model_stage", False, str(err))
+    for p in plans:
+        check("model_stage", p["fits"], model_stage.refusal(p).replace(". Nothing was copied", "")
+              if not p["fits"] else model_stage.words(p))
+    return plans
 
 
 def launcher_support(wanted, check):

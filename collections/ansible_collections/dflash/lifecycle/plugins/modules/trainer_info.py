@@ -61,6 +61,13 @@ options:
     description: The per-CT lock file.
     type: path
     default: /run/dflash/redeploy.lock
+  models:
+    description:
+      - The paths the trainer loads from shared memory, mapped to their persistent copies, as
+        M(dflash.lifecycle.model_stage) takes them. Each is compared by file names, sizes and
+        modification times.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - dflash.lifecycle.checkpoint_format
   - ansible.builtin.action_common_attributes
@@ -156,11 +163,19 @@ found:
   description: How the trainer was found, and why a pidfile was rejected.
   returned: always
   type: dict
+models:
+  description: >-
+    Per O(models) entry, whether the model in shared memory matches its persistent copy: C(target),
+    C(source), C(state) (V(matches), V(missing), V(differs)), C(differences), C(bytes), C(words); or
+    C(error) (and C(words)) for an entry that cannot be staged.
+  returned: always
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, progress, trainer_state
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, model_stage, progress, trainer_state
 
 
 def main():
@@ -178,6 +193,7 @@ def main():
             "throughput_history": {"type": "int", "default": 0},
             "release_base": {"type": "path"},
             "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
+            "models": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -185,6 +201,15 @@ def main():
         state = trainer_state.read(module.params)
     except ValueError as err:  # a step regex without a group, a pattern without value, a bad layout
         module.fail_json(msg=str(err))
+    state["models"] = []
+    for target, source in sorted(module.params["models"].items()):
+        try:
+            found = model_stage.plan(target, str(source), 0)
+        except model_stage.StageError as err:
+            state["models"].append({"target": target, "source": source, "error": str(err), "words": str(err)})
+            continue
+        state["models"].append({key: found[key] for key in ("target", "source", "state", "differences", "bytes")})
+        state["models"][-1]["words"] = model_stage.words(found)
     module.exit_json(changed=False, **state)
 
 

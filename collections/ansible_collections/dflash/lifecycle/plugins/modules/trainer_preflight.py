@@ -105,6 +105,22 @@ options:
         description: Seconds to wait for the other members' marks.
         type: float
         default: 10
+  model_stage:
+    description:
+      - Models staged into shared memory from their persistent copies before the launch
+        (M(dflash.lifecycle.model_stage)). Checked here, before anything is touched - each a model
+        directory, each target in a tmpfs, each fitting beside O(model_stage.reserve_gb) in what the
+        CT's memory can take - and a missing O(target_model) that will be staged passes its check.
+    type: dict
+    suboptions:
+      models:
+        description: The path the trainer loads, mapped to its persistent copy.
+        type: dict
+        required: true
+      reserve_gb:
+        description: Memory (GB) kept free beside the model for the trainer's own host memory.
+        type: float
+        default: 32
   trainer:
     description: How to find a running trainer, to report it (RV(trainer_running)).
     type: dict
@@ -255,6 +271,17 @@ checkpoint:
            newest_step: 200, incomplete: [], resume: {name: global_step200, step: 200, complete: true,
            path: /workspace/checkpoints/global_step200, problems: [], rule: the tag latest names},
            listing: {global_step200: [1048576, true]}}
+model_stage:
+  description: >-
+    With O(model_stage), each model's plan as M(dflash.lifecycle.model_stage)
+    RV(dflash.lifecycle.model_stage#module:models) has it (C(needed), C(bytes), C(fits), ...); else null.
+  returned: always
+  type: list
+  elements: dict
+model_stage_needed:
+  description: Whether a model is to be staged before the launch.
+  returned: always
+  type: bool
 trainer_running:
   description: Whether a trainer runs (found as O(trainer) says).
   returned: when trainer is set
@@ -285,7 +312,7 @@ release_status:
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, leased, preflight, progress, releases, trainer_finding)
+    checkpoint_formats, leased, model_stage, preflight, proctable, progress, releases, trainer_finding)
 
 
 def main():
@@ -306,6 +333,10 @@ def main():
                 "env": {"type": "dict", "default": {}},
                 "secrets_file": {"type": "path"},
                 "login_shell": {"type": "bool", "default": False},
+            }},
+            "model_stage": {"type": "dict", "options": {
+                "models": {"type": "dict", "required": True},
+                "reserve_gb": {"type": "float", "default": 32},
             }},
             "trainer": {"type": "dict", "options": {
                 "pidfile": {"type": "path"},
@@ -355,6 +386,18 @@ def main():
             result["throughput_before"] = reader.window(progress.read_lines(log["path"]),
                                                         wanted_figures["lines"], wanted_figures["warmup_lines"])
             result["throughput_before"].update(log=log, log_words=progress.log_words(log))
+    if result["model_stage_needed"]:
+        # a model is replaced only after the stop: any user but the trainer it stops refuses it now
+        stopped = set()
+        if module.params["trainer"] and result.get("trainer_pid"):
+            stopped = {result["trainer_pid"], *proctable.descendants(proctable.snapshot(), result["trainer_pid"])}
+        for plan in result["model_stage"]:
+            users = [u for u in model_stage.users_of([plan["target"]]) if u["pid"] not in stopped] if plan["needed"] else []
+            if users:
+                result["checks"].append(dict(check="model_stage", ok=False, hint="", found=(
+                    f"model {plan['target']} is in use by " + ", ".join(f"PID {u['pid']} ({u['cmd'][:80]})" for u in users)
+                    + ", which is not the trainer this job stops: it is not replaced under them")))
+                result["failed_checks"].append(result["checks"][-1])
     wanted = module.params["release"]
     if wanted:
         result["release_status"] = releases.compared(wanted["base"], wanted["release"], wanted["files"])

@@ -61,6 +61,14 @@ def launch_words(progress):
             f"{'a progress line seen' if progress.get('progress_line') else 'no progress line yet'}")
 
 
+def stage_words(progress):
+    """A model copy's progress line."""
+    eta = progress.get("eta")
+    return (f"staging {progress.get('target')}: {progress.get('bytes_done', 0) / 1e9:.1f} of "
+            f"{progress.get('bytes', 0) / 1e9:.1f} GB, {progress.get('rate', 0) / 1e6:.0f} MB/s, "
+            + ("ETA unknown" if eta is None else f"ETA {eta:.0f}s"))
+
+
 class ProgressWatch:
     """Runs call() (the module) in a thread; while it runs past FIRST_AFTER seconds, shows
     the progress file's content, rendered by render, every EVERY seconds when it changed. more:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import model_stage
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 
@@ -49,7 +50,7 @@ def _release_words(release, status, install):
 
 def summary(host, checked=None, manifest=None, preflight=None, install=None, stop=None, launch=None,
             failed_launch=None, restored=None, rescue_error=None, argv=None, canary=None, gang_failure=None,
-            relaunched_after_stop=False):
+            relaunched_after_stop=False, staged=None):
     """The summary dict of one CT (module docstring). launch is the last launch (the rescue's
     relaunch when there was one), failed_launch the launch that failed before it; gang_failure
     what stopped the CT's gang after a phase (its barrier's message); relaunched_after_stop: the
@@ -60,7 +61,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
     first_launch = failed_launch if failed_launch is not None else launch
     errors = []
     for phase, result in (("settings", checked), ("release", manifest), ("preflight", preflight),
-                          ("push", install), ("stop", stop), ("launch", first_launch)):
+                          ("push", install), ("stop", stop), ("model staging", staged), ("launch", first_launch)):
         if _failed(result):
             errors.append(f"{phase} failed: {_msg(result)}")
     if gang_failure:
@@ -111,6 +112,10 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         # the gang this CT runs in (its own report says what the gang's state is)
         "gang": ((checked or {}).get("gang") or {}).get("name") if isinstance(checked, dict) else None,
     }
+    # the models staged, or (check mode, nothing to stage) what the preflight found
+    data["models"] = (staged.get("models") if _ok(staged) else None) or (
+        (preflight or {}).get("model_stage") if isinstance(preflight, dict) else None) or []
+    data["model_words"] = [model_stage.words(m) for m in data["models"] if m.get("needed") or m.get("state") == "staged"]
     data["release_words"] = release_words
     data["stop_words"] = _stop_words(stop, data)
     data["launch_words"] = _launch_words(launch, failed_launch, data)
@@ -181,7 +186,7 @@ def report(data):
         # this job stopped the run and could not start it again: said first, with the way back
         head = (f"{data['host']} is DOWN since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(data['stopped_at']))} UTC, "
                 f"when this job stopped it: `make start HOST={data['host']}` starts it again. " + head)
-    lines = [head]
+    lines = [head, *data["model_words"]]
     if data["errors"]:
         lines.append("; ".join(data["errors"]))
     if data["canary"] and not data["canary"]["action"]:  # an acted-on regression is among the errors

@@ -105,3 +105,35 @@ def test_check_mode_and_untouched_trainer():
     assert lines == ["ct200: no release built, not stopped, not launched",
                      "settings failed: dflash_lr: expected a number, got 'fast'", "no command line: not launched"]
     assert data["trainer_running"] is None  # nothing read the CT: unknown, not said to be down
+
+
+MODEL = {"target": "/dev/shm/m", "source": "/workspace/models/m", "files": 14, "bytes": 54 * 10 ** 9,
+         "verified_by": "the 11 shards of model.safetensors.index.json, names and sizes", "fits": True,
+         "can_take": 120 * 10 ** 9, "differences": []}
+
+
+def test_a_model_staged_after_a_ct_restart_is_reported_with_its_rate():
+    staged = {"changed": True, "models": [dict(MODEL, state="staged", needed=False, seconds=61.2, rate=882352941,
+                                               workers=4)]}
+    data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, model_stage=[dict(MODEL, needed=True)]),
+                            stop=STOP, staged=staged, launch=LAUNCH)
+    assert lines[1] == ("model /dev/shm/m staged from /workspace/models/m: 54.0 GB in 61.2s (882 MB/s, 4 streams), "
+                        "verified by the 11 shards of model.safetensors.index.json, names and sizes")
+    assert data["models"][0]["seconds"] == 61.2  # the figures AWX gets
+
+
+def test_a_model_to_stage_in_check_mode_and_a_staging_that_failed_after_the_stop():
+    plan = dict(MODEL, needed=True, state="missing")
+    _data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, model_stage=[plan]),
+                             staged={"skipped": True}, launch=dict(LAUNCH, check_mode=True, pid=None))
+    assert lines[1] == ("model /dev/shm/m missing: 54.0 GB to stage from /workspace/models/m, fits "
+                        "(the CT can take 120.0 GB)")
+    data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, model_stage=[plan]),
+                            stop=dict(STOP, signalled_at=1796200000.0),
+                            staged={"failed": True, "msg": "model /dev/shm/m: staging failed: [Errno 28]"})
+    assert lines[0].startswith("ct200 is DOWN since 2026-12-02 ")
+    assert "model staging failed: model /dev/shm/m: staging failed: [Errno 28]" in data["errors"]
+    # a model that matches says nothing
+    _data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, model_stage=[dict(MODEL, needed=False)]),
+                             stop=STOP, launch=LAUNCH)
+    assert not any("model /dev/shm/m" in line for line in lines)

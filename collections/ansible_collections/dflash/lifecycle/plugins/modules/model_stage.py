@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: model_stage
+short_description: Stage a model into shared memory from its persistent copy, verified, if it fits
+version_added: 0.4.0
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
+description:
+  - Runs inside the CT. For each O(models) entry, the path the trainer loads (in C(/dev/shm) or
+    another tmpfs, which a CT restart wipes) is compared with its persistent copy by file names,
+    sizes and modification times (a copy keeps its source's, so a shard rewritten at its old size
+    differs). A target that is missing or differs is staged; one that matches is left alone.
+  - The copy goes into C(.<name>.staging) beside the target, several files at once, and is renamed
+    into place once every file is complete and verified. A cut copy never stands at the target, and
+    a rerun removes what one left and copies again.
+  - Verified by the copy's names and sizes, the shards that C(model.safetensors.index.json) names,
+    and the SHA-256 sums of any C(*.sha256) file (in C(sha256sum) format) of the persistent copy,
+    computed over the bytes written. Each of RV(models) says which.
+  - "It must fit: a tmpfs is charged to the CT's memory cgroup. Before a byte is copied, the model's
+    size plus O(reserve_gb) is compared with what the cgroup can still take (cgroup v2
+    C(memory.max) - C(memory.current), v1 C(memory.limit_in_bytes) - C(memory.usage_in_bytes), both
+    plus the page cache the kernel can reclaim, over the CT's cgroup and those above it) and with the
+    tmpfs's free space. A model that does not fit is refused, naming the three figures."
+  - A target that a process maps or holds open (a running trainer) is never replaced under it.
+extends_documentation_fragment:
+  - dflash.lifecycle.redeploy_lease
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+options:
+  models:
+    description:
+      - The path the trainer loads, mapped to its persistent copy (a directory with a
+        C(config.json) that the CT can read, on its own disk or a mount point).
+    type: dict
+    required: true
+  reserve_gb:
+    description: Memory (GB, 10^9 bytes) kept free beside the model for the trainer's own host memory.
+    type: float
+    default: 32
+  workers:
+    description: Files copied at once.
+    type: int
+    default: 4
+  progress_file:
+    description: Where the copy's progress (bytes, rate, ETA) is written about once a second for the
+      controller to show (the action plugin); removed at the end.
+    type: path
+    default: /run/dflash/stage.progress.json
+attributes:
+  action:
+    support: full
+    details: The action plugin shows the copy's progress on the controller while it runs.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Says for each model whether it would be staged, how many bytes, and whether it fits.
+  diff_mode:
+    support: none
+  platform:
+    support: full
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Put the target model back into /dev/shm after a CT restart
+  dflash.lifecycle.model_stage:
+    models:
+      /dev/shm/Qwen3.6-27B: /workspace/models/Qwen3.6-27B
+    reserve_gb: 64
+"""
+
+RETURN = r"""
+lock:
+  description: The redeploy lock this task ran under.
+  returned: when O(lock_holder) is set
+  type: dict
+models:
+  description: >-
+    Per model - C(target), C(source), C(state) (V(matches), V(missing), V(differs), or V(staged)),
+    C(differences) (the first ten), C(bytes), C(files), C(verified_by), C(fits), C(can_take) (bytes
+    the CT can still take), C(reserve), C(shm_free), C(memory) (the tightest memory cgroup: C(cgroup),
+    C(path), C(limit), C(usage), C(reclaimable), C(free); null without a limit), C(leftover) (bytes of
+    a cut copy removed first) and, once staged, C(seconds), C(rate) (bytes per second) and C(workers).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {target: /dev/shm/Qwen3.6-27B, source: /workspace/models/Qwen3.6-27B, state: staged, bytes: 53794812672,
+       files: 14, seconds: 61.2, rate: 878999553, workers: 4, fits: true,
+       verified_by: "the 11 shards of model.safetensors.index.json, names and sizes"}
+msg:
+  description: One line per model.
+  returned: always
+  type: str
+"""
+
+import os
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, model_stage, rundir
+
+
+def main():
+    module = leased.LeasedModule(
+        phase="stage model",
+        argument_spec={
+            "models": {"type": "dict", "required": True},
+            "reserve_gb": {"type": "float", "default": 32},
+            "workers": {"type": "int", "default": 4},
+            "progress_file": {"type": "path", "default": "/run/dflash/stage.progress.json"},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["workers"] < 1:
+        module.fail_json(msg=f"workers: {params['workers']}: at least 1")
+    try:
+        plans = [model_stage.plan(target, str(source), int(params["reserve_gb"] * model_stage.GB))
+                 for target, source in sorted(params["models"].items())]
+    except model_stage.StageError as err:
+        module.fail_json(msg=f"models: {err}. Nothing was copied")
+    unfit = [p for p in plans if not p["fits"]]
+    if unfit and not module.check_mode:
+        module.fail_json(msg="; ".join(model_stage.refusal(p) for p in unfit), models=plans)
+    done = []
+    for p in plans:
+        if not p["needed"] or module.check_mode:
+            done.append(p)
+            continue
+        users = model_stage.users_of([p["target"]])
+        if users:
+            module.fail_json(msg=f"model {p['target']} is in use by " + ", ".join(
+                f"PID {u['pid']} ({u['cmd'][:80]})" for u in users) + ": it is not replaced under a running "
+                "process. Nothing was copied", models=plans)
+        rundir.secure_dir(os.path.dirname(params["progress_file"]))
+        progress = rundir.ProgressFile(params["progress_file"], lambda p=p: {"target": p["target"]})
+        try:
+            done.append(model_stage.stage(p, params["workers"], progress))
+        except (OSError, model_stage.StageError) as err:
+            module.fail_json(msg=f"model {p['target']}: staging failed: {err}. The target was not replaced",
+                             models=done + [p])
+        finally:
+            progress.close()
+    module.exit_json(changed=any(p["needed"] or p["state"] == "staged" for p in done), models=done,
+                     msg="; ".join(model_stage.words(p) for p in done))
+
+
+if __name__ == "__main__":
+    main()
