@@ -19,9 +19,10 @@ from testlib import BIN, REPO, task_ran, tool_env
 CT, NODE, VMID = "ct201", "pve1", "201"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 STATUS = os.path.join(REPO, "playbooks", "status.yml")
+START = os.path.join(REPO, "playbooks", "start.yml")
 TARGET, SOURCE = "/dev/shm/models/target", "/workspace/models/target"
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-SHARD_BYTES = 200 * 1000 * 1000
+SHARD_BYTES = 64 * 1000 * 1000
 SETTINGS = {"trainer_model_stage": {TARGET: SOURCE}, "trainer_model_stage_reserve_gb": 0.05,
             "trainer_run_min_free_gb": 0.1, "trainer_launch_health_seconds": 1}
 # A safetensors file (huggingface/safetensors, the format's spec): an 8-byte little-endian header
@@ -93,7 +94,7 @@ def restarted(testbed):
 def test_1_a_restarted_ct_gets_its_model_staged_then_launched(testbed, restarted):
     assert sh(testbed, f"ls -A /dev/shm").stdout.strip() == ""  # wiped by the restart
     res = redeploy(testbed)
-    staged = re.search(rf"model {TARGET} staged from {SOURCE}: 0\.6 GB in ([0-9.]+)s \((\d+) MB/s, 4 streams\), "
+    staged = re.search(rf"model {TARGET} staged from {SOURCE}: 0\.2 GB in ([0-9.]+)s \((\d+) MB/s, 4 streams\), "
                        r"verified by SHA-256 of 3 files \(model\.sha256\), the 3 shards of "
                        r"model\.safetensors\.index\.json, names and sizes", " ".join(res.stdout.split()))
     assert staged, res.stdout
@@ -103,7 +104,7 @@ def test_1_a_restarted_ct_gets_its_model_staged_then_launched(testbed, restarted
     assert "running" in sh(testbed, f"ps -o stat= -p {trainer_pid(testbed)} && echo running").stdout
 
     status = testbed.playbook(STATUS, "-l", CT, "-e", json.dumps(SETTINGS))
-    assert f"model {TARGET} matches {SOURCE} (6 files, 0.6 GB)" in " ".join(status.stdout.split())
+    assert f"model {TARGET} matches {SOURCE} (6 files, 0.2 GB)" in " ".join(status.stdout.split())
 
     again = redeploy(testbed)  # the model matches: nothing staged, the stop and the launch in one call
     assert not task_ran(again.stdout, "Stage the model into shared memory from its persistent copy")
@@ -117,15 +118,16 @@ def test_2_a_changed_shard_that_does_not_fit_is_refused_then_restaged(testbed, r
     seal(testbed)
     # a limit that leaves less than the model beside what the CT holds now (the trainer and the
     # model in /dev/shm): refused before a byte is copied, the running trainer untouched
-    usage = int(sh(testbed, "cat /sys/fs/cgroup/memory/memory.usage_in_bytes").stdout)
-    testbed.ssh(NODE, f"pct set {VMID} --memory {usage // 2 ** 20 + 300}", check=True)
+    held = int(sh(testbed, "echo $(( $(cat /sys/fs/cgroup/memory/memory.usage_in_bytes) - "
+                           "$(sed -n 's/^total_inactive_file //p' /sys/fs/cgroup/memory/memory.stat) ))").stdout)
+    testbed.ssh(NODE, f"pct set {VMID} --memory {held // 2 ** 20 + 100}", check=True)
     try:
         res = redeploy(testbed, check=False)
     finally:
         testbed.ssh(NODE, f"pct set {VMID} --memory 4096", check=True)
     text = " ".join(res.stdout.split())
     assert res.returncode != 0
-    assert re.search(rf"model {TARGET} does not fit: it needs 0\.6 GB plus a reserve of 0\.1 GB for the trainer's "
+    assert re.search(rf"model {TARGET} does not fit: it needs 0\.2 GB plus a reserve of 0\.1 GB for the trainer's "
                      r"own memory \(trainer_model_stage_reserve_gb\), and the CT can take 0\.[0-9] GB \(memory "
                      r"cgroup v1: limit [0-9.]+ GB, in use [0-9.]+ GB", text), text
     assert trainer_pid(testbed) == pid and not task_ran(res.stdout, "Stop the trainer in stages")
@@ -135,7 +137,7 @@ def test_2_a_changed_shard_that_does_not_fit_is_refused_then_restaged(testbed, r
     check = redeploy(testbed, "--check")  # says what it would stage, and that it fits
     text = " ".join(check.stdout.split())
     assert re.search(rf"model {TARGET} differs: {SHARDS[2]}: \d+ bytes, not \d+; model.sha256: changed in the "
-                     rf"persistent copy at [0-9: -]+ UTC: 0\.6 GB to stage from {SOURCE}, fits", text), text
+                     rf"persistent copy at [0-9: -]+ UTC: 0\.2 GB to stage from {SOURCE}, fits", text), text
     assert trainer_pid(testbed) == pid
 
     res = redeploy(testbed)  # stopped, restaged, launched: never replaced under the running trainer
@@ -161,6 +163,13 @@ def test_3_a_model_a_bystander_holds_is_not_replaced(testbed, restarted):
                      "stops: it is not replaced under them", text), text
     assert trainer_pid(testbed) == pid
     assert sums(testbed, TARGET) != sums(testbed, SOURCE)  # left as it was
+
+    # make start stops nothing: with the trainer running, its model is not staged
+    res = testbed.playbook(START, "-l", CT, "-e", json.dumps(SETTINGS), check=False)
+    assert res.returncode != 0
+    assert (f"model_stage: a model is to be staged and the trainer PID {pid} runs (this job does not stop it: "
+            "`make restart` stops it, then stages the model)") in " ".join(res.stdout.split()), res.stdout
+    assert trainer_pid(testbed) == pid and sums(testbed, TARGET) != sums(testbed, SOURCE)
 
 
 def test_4_a_cut_copy_never_stands_at_the_target_and_the_rerun_converges(testbed, restarted):

@@ -25,7 +25,8 @@ description:
     C(memory.max) - C(memory.current), v1 C(memory.limit_in_bytes) - C(memory.usage_in_bytes), both
     plus the page cache the kernel can reclaim, over the CT's cgroup and those above it) and with the
     tmpfs's free space. A model that does not fit is refused, naming the three figures."
-  - A target that a process maps or holds open (a running trainer) is never replaced under it.
+  - A target is never replaced while the trainer runs (O(trainer)) or while any process maps it
+    or holds it open.
 extends_documentation_fragment:
   - dflash.lifecycle.redeploy_lease
   - ansible.builtin.action_common_attributes
@@ -45,6 +46,18 @@ options:
     description: Files copied at once.
     type: int
     default: 4
+  trainer:
+    description:
+      - How to find the trainer (as M(dflash.lifecycle.trainer_preflight) takes it). While it runs,
+        no model is staged, whether or not it holds the model's files open now.
+    type: dict
+    suboptions:
+      pidfile:
+        description: The trainer's pidfile.
+        type: path
+      pattern:
+        description: A regular expression over the trainer's command line.
+        type: str
   progress_file:
     description: Where the copy's progress (bytes, rate, ETA) is written about once a second for the
       controller to show (the action plugin); removed at the end.
@@ -103,7 +116,7 @@ msg:
 
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, model_stage, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, model_stage, rundir, trainer_finding
 
 
 def main():
@@ -114,6 +127,7 @@ def main():
             "reserve_gb": {"type": "float", "default": 32},
             "workers": {"type": "int", "default": 4},
             "progress_file": {"type": "path", "default": "/run/dflash/stage.progress.json"},
+            "trainer": {"type": "dict", "options": {"pidfile": {"type": "path"}, "pattern": {"type": "str"}}},
         },
         supports_check_mode=True,
     )
@@ -128,6 +142,12 @@ def main():
     unfit = [p for p in plans if not p["fits"]]
     if unfit and not module.check_mode:
         module.fail_json(msg="; ".join(model_stage.refusal(p) for p in unfit), models=plans)
+    running = None
+    if params["trainer"] and any(p["needed"] for p in plans) and not module.check_mode:
+        running = trainer_finding.running(params["trainer"]["pidfile"], params["trainer"]["pattern"])
+    if running is not None:
+        module.fail_json(msg=f"the trainer PID {running.pid} runs: a model is never staged under it (a redeploy "
+                         "stops it first). Nothing was copied", models=plans)
     done = []
     for p in plans:
         if not p["needed"] or module.check_mode:

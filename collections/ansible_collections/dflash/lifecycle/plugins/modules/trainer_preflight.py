@@ -121,6 +121,12 @@ options:
         description: Memory (GB) kept free beside the model for the trainer's own host memory.
         type: float
         default: 32
+      after_stop:
+        description:
+          - Whether the job stops the running trainer before it stages the model (a redeploy, a
+            rollback). Without, a running trainer refuses a model to stage (a start).
+        type: bool
+        default: true
   trainer:
     description: How to find a running trainer, to report it (RV(trainer_running)).
     type: dict
@@ -337,6 +343,7 @@ def main():
             "model_stage": {"type": "dict", "options": {
                 "models": {"type": "dict", "required": True},
                 "reserve_gb": {"type": "float", "default": 32},
+                "after_stop": {"type": "bool", "default": True},
             }},
             "trainer": {"type": "dict", "options": {
                 "pidfile": {"type": "path"},
@@ -387,10 +394,15 @@ def main():
                                                         wanted_figures["lines"], wanted_figures["warmup_lines"])
             result["throughput_before"].update(log=log, log_words=progress.log_words(log))
     if result["model_stage_needed"]:
-        # a model is replaced only after the stop: any user but the trainer it stops refuses it now
+        # a model is replaced only after the stop: any user but the trainer the job stops refuses it now
         stopped = set()
-        if module.params["trainer"] and result.get("trainer_pid"):
+        if module.params["trainer"] and result.get("trainer_pid") and module.params["model_stage"]["after_stop"]:
             stopped = {result["trainer_pid"], *proctable.descendants(proctable.snapshot(), result["trainer_pid"])}
+        elif module.params["trainer"] and result.get("trainer_pid"):
+            result["checks"].append(dict(check="model_stage", ok=False, found=(
+                f"a model is to be staged and the trainer PID {result['trainer_pid']} runs"),
+                hint="this job does not stop it: `make restart` stops it, then stages the model"))
+            result["failed_checks"].append(result["checks"][-1])
         for plan in result["model_stage"]:
             users = [u for u in model_stage.users_of([plan["target"]]) if u["pid"] not in stopped] if plan["needed"] else []
             if users:
