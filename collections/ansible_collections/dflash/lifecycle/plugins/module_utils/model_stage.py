@@ -182,6 +182,11 @@ def users_of(paths, proc="/proc"):
     return found
 
 
+def in_use(target, users):
+    """A model held by users (users_of) in words."""
+    return f"model {target} is in use by " + ", ".join(f"PID {u['pid']} ({u['cmd'][:80]})" for u in users)
+
+
 def aside(target):
     """The two directories beside target: the copy being made, the old copy being replaced."""
     parent, name = os.path.split(target.rstrip("/"))

@@ -155,9 +155,8 @@ def main():
             continue
         users = model_stage.users_of([p["target"]])
         if users:
-            module.fail_json(msg=f"model {p['target']} is in use by " + ", ".join(
-                f"PID {u['pid']} ({u['cmd'][:80]})" for u in users) + ": it is not replaced under a running "
-                "process. Nothing was copied", models=plans)
+            module.fail_json(msg=model_stage.in_use(p["target"], users) + ": it is not replaced under a running "
+                             "process. Nothing was copied", models=plans)
         rundir.secure_dir(os.path.dirname(params["progress_file"]))
         progress = rundir.ProgressFile(params["progress_file"], lambda p=p: {"target": p["target"]})
         try:

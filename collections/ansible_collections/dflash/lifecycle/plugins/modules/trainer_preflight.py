@@ -407,8 +407,8 @@ def main():
             users = [u for u in model_stage.users_of([plan["target"]]) if u["pid"] not in stopped] if plan["needed"] else []
             if users:
                 result["checks"].append(dict(check="model_stage", ok=False, hint="", found=(
-                    f"model {plan['target']} is in use by " + ", ".join(f"PID {u['pid']} ({u['cmd'][:80]})" for u in users)
-                    + ", which is not the trainer this job stops: it is not replaced under them")))
+                    model_stage.in_use(plan["target"], users) + ", which is not the trainer this job stops: it is "
+                    "not replaced under them")))
                 result["failed_checks"].append(result["checks"][-1])
     wanted = module.params["release"]
     if wanted:
