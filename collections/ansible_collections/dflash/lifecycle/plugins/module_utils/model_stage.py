@@ -249,8 +249,7 @@ def refusal(p):
               f"{gb(memory['reclaimable'])} of it reclaimable page cache" if memory else "no memory cgroup limit")
     return (f"model {p['target']} does not fit: it needs {gb(p['bytes'])} plus a reserve of {gb(p['reserve'])} "
             f"for the trainer's own memory (trainer_model_stage_reserve_gb), and the CT can take "
-            f"{gb(p['can_take'])} ({cgroup}; its tmpfs has {gb(p['shm_free'])} free). "
-            "Nothing was copied")
+            f"{gb(p['can_take'])} ({cgroup}; its tmpfs has {gb(p['shm_free'])} free)")
 
 
 def words(p):

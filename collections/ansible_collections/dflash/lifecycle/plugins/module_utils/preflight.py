@@ -84,8 +84,7 @@ def staging_plans(wanted, check):
         except model_stage.StageError as err:
             check("model_stage", False, str(err))
     for p in plans:
-        check("model_stage", p["fits"], model_stage.refusal(p).replace(". Nothing was copied", "")
-              if not p["fits"] else model_stage.words(p))
+        check("model_stage", p["fits"], model_stage.words(p) if p["fits"] else model_stage.refusal(p))
     return plans
 
 

@@ -141,7 +141,7 @@ def main():
         module.fail_json(msg=f"models: {err}. Nothing was copied")
     unfit = [p for p in plans if not p["fits"]]
     if unfit and not module.check_mode:
-        module.fail_json(msg="; ".join(model_stage.refusal(p) for p in unfit), models=plans)
+        module.fail_json(msg="; ".join(model_stage.refusal(p) for p in unfit) + ". Nothing was copied", models=plans)
     running = None
     if params["trainer"] and any(p["needed"] for p in plans) and not module.check_mode:
         running = trainer_finding.running(params["trainer"]["pidfile"], params["trainer"]["pattern"])

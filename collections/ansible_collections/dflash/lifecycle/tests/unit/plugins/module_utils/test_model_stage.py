@@ -132,8 +132,7 @@ def test_a_model_that_does_not_fit_names_its_size_the_reserve_and_what_the_ct_ca
     assert model_stage.refusal(plan) == (
         f"model {target} does not fit: it needs 0.0 GB plus a reserve of 2.0 GB for the trainer's own memory "
         "(trainer_model_stage_reserve_gb), and the CT can take 1.5 GB (memory cgroup v1: limit 1.5 GB, in use "
-        f"0.0 GB, 0.0 GB of it reclaimable page cache; its tmpfs has {model_stage.gb(plan['shm_free'])} free). "
-        "Nothing was copied")
+        f"0.0 GB, 0.0 GB of it reclaimable page cache; its tmpfs has {model_stage.gb(plan['shm_free'])} free)")
     assert model_stage.plan(target, source, int(1e9), room(free=int(1.5e9)))["fits"]
 
 
