@@ -109,10 +109,16 @@ class Climb:
         self.progress = progress or (lambda **fields: None)
         self.landed = None  # the checkpoint the wait for the trainer's own save saw land
 
-    def event(self, **fields):
-        now = time.monotonic()
-        fields.update(t=round(now, 6), elapsed=round(now - self.started, 3), at=round(time.time(), 6))
+    def event(self, when=None, **fields):
+        """Append an event, timed now or at when (clock()'s pair: a signal is timed before it is
+        sent, so that a save it triggers never seems to predate it)."""
+        now, wall = when or self.clock()
+        fields.update(t=round(now, 6), elapsed=round(now - self.started, 3), at=round(wall, 6))
         self.result["timeline"].append(fields)
+
+    @staticmethod
+    def clock():
+        return time.monotonic(), time.time()
 
     def members(self, stage):
         """Identities one stage signals."""
@@ -166,21 +172,28 @@ class Climb:
             main_alive = proctable.alive(self.main.identity, proc_root)
             if index > 0 and self.result["diagnostics"] is None and main_alive:
                 self.result["diagnostics"] = diagnostics(self.main.identity, self.options, proc_root)
-            self.refresh()
+            # a stage that signals the main process alone signals before the look at /proc (it
+            # can take a tenth of a second under load, and a landed checkpoint's next save goes on)
+            through_launcher = self.launch is not None and self.saves(index)
+            if stage["scope"] != "main" or through_launcher:
+                self.refresh()
             if first:
                 self.wait_for_moment(stage)
                 first = False
-            if self.launch is not None and self.saves(index):
+            if through_launcher:
                 stopped = self.through_launcher(stage, index)
                 if stopped:
                     return stopped
                 continue
             chosen = self.members(stage)
+            sending = self.clock()
             sent = [ident[0] for ident in chosen if self.targets.send(ident, stage["signal"])]
             if stage["signal"] != signal.SIGKILL:
                 for ident in chosen:  # a stopped (T) process must run to act on the signal
                     self.targets.send(ident, signal.SIGCONT)
-            self.event(event="signal", stage=index, signal=name, scope=stage["scope"], pids=sorted(sent))
+            self.event(sending, event="signal", stage=index, signal=name, scope=stage["scope"], pids=sorted(sent))
+            if stage["scope"] == "main":
+                self.refresh()
             if not self.wait(stage, index, self.saves(index)):
                 self.refresh()  # children or leftovers that surfaced meanwhile keep us going
                 if not self.targets.alive():
@@ -200,9 +213,10 @@ class Climb:
         self.result["launcher"]["plan"] = {"stage": index, "to": how, "why": why}
         alive = self.targets.alive()
         if how == "agent":
+            sending = self.clock()
             sent = [self.main.pid] if self.targets.send(self.main.identity, sig) else []
             self.targets.send(self.main.identity, signal.SIGCONT)
-            self.event(event="signal", stage=index, signal=name, scope="agent", pids=sent)
+            self.event(sending, event="signal", stage=index, signal=name, scope="agent", pids=sent)
             remaining = self._wait(alive, stage, index, True)
         else:
             holders = [p.identity for p in self.launch.holders if p.identity in alive]
@@ -212,8 +226,9 @@ class Climb:
             groups = {p.pid for p in self.launch.workers}
             chosen = [i for i in alive if i not in holders and (
                 i[0] in groups or self.targets.members[i]["proc"].pgid in groups)]
+            sending = self.clock()
             sent = [i[0] for i in chosen if self.targets.send(i, sig)]
-            self.event(event="signal", stage=index, signal=name, scope="workers", pids=sorted(sent))
+            self.event(sending, event="signal", stage=index, signal=name, scope="workers", pids=sorted(sent))
             workers = [p.identity for p in self.launch.workers if p.identity in alive]
             self._wait(workers, stage, index, True)
             for ident in holders:  # pending until it runs again: no restart, no SIGKILL

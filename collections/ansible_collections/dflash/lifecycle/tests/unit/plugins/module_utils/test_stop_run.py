@@ -214,3 +214,23 @@ def test_the_first_signal_waits_for_a_save_in_progress(tmp_path):
     assert waited and waited[0]["still_writing"] is None and waited[0]["waited"] > 0.3
     assert result["checkpoint"]["newest_step"] == 8 and result["checkpoint"]["written"]
     assert result["loss"]["checkpoint_step"] == 8
+
+
+def test_a_gang_ct_stopped_after_the_moment_counts_the_checkpoint_written_since(tmp_path):
+    """A CT of a gang whose stop starts late: rank 0 on another CT already saved in answer to that
+    CT's signal at the gang's moment. That checkpoint is this stop's new one, not one from before."""
+    child = start_periodic(tmp_path)
+    moment = time.time() - 2.0
+    os.utime(tmp_path / "ck" / "checkpoint-5", (moment - 60, moment - 60))
+    (tmp_path / "ck" / "checkpoint-6").mkdir()
+    (tmp_path / "ck" / "checkpoint-6" / "trainer_state.json").write_text('{"global_step": 6}')
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child, saves_on="none", no_graceful="proceed",
+                                             signal_at=moment))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    ckpt = result["checkpoint"]
+    assert ckpt["written"] and ckpt["new"].endswith("checkpoint-6") and ckpt["new_step"] == 6, ckpt
+    assert result["signal_late_s"] >= 2.0
+    assert "NO new checkpoint" not in result["msg"], result["msg"]
