@@ -110,9 +110,10 @@ def test_make_targets_need_a_host_that_selects_a_trainer_ct(tmp_path):
 def test_a_rollback_during_a_redeploy_is_refused_and_another_ct_is_not(testbed):
     # seeded here: the test files before this one may have run on another worker's testbed
     testbed.playbook(os.path.join(REPO, "playbooks", "testbed_seed.yml"), "-e", "seed_hosts=ct300,ct301")
-    # the redeploy holds ct301's lock through its launch's health watch (20 s: the calls below, under load)
+    # the redeploy holds ct301's lock through its launch's health watch (30 s: the calls below take
+    # seconds each under load)
     redeploy = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301",
-                                 "-e", "trainer_launch_health_seconds=20"], cwd=REPO, env=tool_env(),
+                                 "-e", "trainer_launch_health_seconds=30"], cwd=REPO, env=tool_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -123,12 +124,12 @@ def test_a_rollback_during_a_redeploy_is_refused_and_another_ct_is_not(testbed):
             lock = in_ct(testbed, "pve2", 301, "cat /run/dflash/redeploy.lock", check=False).stdout
         # read now: under load the health watch may end, and the lock go, before the calls below do
         holder = json.loads(lock)["holder"]
-        status = make("status", "HOST=ct301")
-        assert re.search(r"locked_by: .*ansible-playbook pid \d+, phase launch", status.stdout), status.stdout
         refused = make("rollback", "HOST=ct301")
         assert refused.returncode != 0
-        assert f"CT is being redeployed by {holder} since " in refused.stdout
+        assert f"CT is being redeployed by {holder} since " in refused.stdout, refused.stdout[-3000:]
         assert "last phase: launch" in refused.stdout and "Now in this CT: the trainer PID" in refused.stdout
+        status = make("status", "HOST=ct301")
+        assert re.search(r"locked_by: .*ansible-playbook pid \d+, phase launch", status.stdout), status.stdout
         other = make("stop", "HOST=ct300")  # another CT: its own lock
         assert other.returncode == 0, other.stdout + other.stderr
         assert redeploy.wait(timeout=300) == 0, redeploy.stdout.read()

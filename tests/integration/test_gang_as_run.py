@@ -1,0 +1,114 @@
+"""Gangs as people run them, on a two-CT gang testbed of its own (ct400 on gn1, ct401 on gn2:
+tests/integration/test_gang.py's shape, other addresses, so that the two files run side by side),
+driven as a user drives it: `make stop|start|restart HOST=dflash_big INVENTORY=...`.
+
+1. rank 0 saves alone (the other ranks leave at once): the gang's checkpoint is judged once every
+   CT has stopped, and make stop, make start and make restart succeed;
+2. a stop phase that fails (a save cut): both CTs run the release of before again from the
+   checkpoint, and the redeploy fails naming the cause;
+3. torch found only through dflash_env's PYTHONPATH: the preflight finds it as the run does;
+4. one rank per CT over all of its GPUs, as DFlash's trainer runs; ranks that do not divide the
+   GPUs are refused, with the numbers.
+"""
+
+import os
+import re
+
+import pytest
+
+from testlib import GANG, TORCH_PYTHON, trainer_source
+from test_gang import CKPT, CTS, running_gang
+
+STATE = "/var/lib/dflash-testbed/gang-as-run"
+
+
+@pytest.fixture(scope="module")
+def gang(tmp_path_factory):
+    yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11")
+
+
+def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
+    """The common pattern: rank 0 saves (10 s here), the other ranks leave on KeyboardInterrupt at
+    once, so ct401's stop ends before ct400's rank 0 has renamed its checkpoint into place (a few
+    seconds on a loaded machine: the save outlasts it). The
+    gang's checkpoint is judged on every CT once every CT has stopped: make stop, make start and
+    a make restart whose stop would have raced all succeed, and the relaunch resumes from it."""
+    alone = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
+                            "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    res = gang.make("restart", alone)  # the run the next stop meets saves as rank 0 alone
+    assert res.returncode == 0, res.stdout[-6000:]
+    res = gang.make("stop", alone)
+    assert res.returncode == 0, res.stdout[-6000:]
+    # ct401's own stop ended before the save was complete: the race the gang's judgement waits out
+    assert re.search(r"ok: \[ct401\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; NO new checkpoint",
+                     res.out), res.out
+    saved = re.search(rf"ok: \[ct400\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
+                      rf"({CKPT}/step_\d+)", res.out).group(1)
+    assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together .*?, checkpoint {saved}", res.out), res.out
+    assert all(gang.run(host) == (None, []) for host in CTS)
+    res = gang.make("start", alone)
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert f"resumed from {saved}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+    # the run it starts makes no periodic save: test 2's stop of it has only the interrupt save to cut
+    quiet = {"dflash_env": dict(alone["dflash_env"], DFLASH_TEST_INTERVAL_SAVES="0")}
+    res = gang.make("restart", quiet)
+    assert res.returncode == 0, res.stdout[-6000:]
+    checkpoint = re.search(rf"checkpoint ({CKPT}/step_\d+) \(0 steps lost\), every CT running", res.out)
+    assert checkpoint and checkpoint.group(1) != saved, res.out
+    assert f"resumed from {checkpoint.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_2_a_gang_whose_stop_phase_failed_runs_again_from_its_checkpoint(gang, tmp_path):
+    """The run of test 1 saves for 10 s on SIGINT; a ladder that sends SIGTERM after 1 s cuts that
+    save, so no CT sees a new checkpoint and the stop phase fails. Every CT's run is gone and the
+    older checkpoint is complete: the release of before runs again from it on both CTs, and the
+    redeploy fails naming the cause."""
+    old_release = gang.current("ct400")
+    release = trainer_source(tmp_path / "next", lambda t: t + "\n# a release the stop never reaches\n")
+    res = gang.make("restart", {"trainer_code_src": release, "trainer_stop_graceful_wait_cap": 1,
+                                "trainer_stop_ladder": [{"signal": "SIGINT", "scope": "main", "wait": 1},
+                                                        {"signal": "SIGTERM", "scope": "tree", "wait": 10},
+                                                        {"signal": "SIGKILL", "scope": "tree", "wait": 5}]})
+    assert res.returncode != 0
+    assert f"gang {GANG} after its stop: no CT of the gang saw a new sound checkpoint" in res.out, res.out
+    assert "(the release of before, relaunched from its checkpoint after the stop phase failed)" in res.out, res.out
+    # the newest complete checkpoint when the stop failed (a periodic save may land during the job)
+    newest = re.search(rf"NO new checkpoint \(newest complete: ({CKPT}/step_\d+), from before the stop\)", res.out)
+    assert newest, res.out
+    for host in CTS:
+        assert gang.current(host) == old_release
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, (host, res.out)
+        assert f"{host}: release" in res.out and f"resumed from {newest.group(1)}" in res.out, res.out
+    assert f"resumed from {newest.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_3_a_run_whose_torch_only_dflash_env_finds_is_launched(gang):
+    """trainer_run_python is the CT's bare python3 and torch comes from the PYTHONPATH the run's
+    environment sets, as the run itself finds it: the preflight's probe finds it the same way."""
+    site = os.path.dirname(os.path.dirname(gang.sh("ct400", f"{TORCH_PYTHON} -c 'import torch; print(torch.__file__)'")
+                                           .strip()))
+    env_torch = {"trainer_run_python": "/usr/bin/python3",
+                 "dflash_env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": site}}
+    assert "No module named 'torch'" in gang.sh("ct400", "/usr/bin/python3 -c 'import torch' 2>&1 || true")
+    res = gang.make("restart", env_torch)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for host in CTS:
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2, host
+        assert "/usr/bin/python3" in gang.sh(host, f"tr '\\0' ' ' < /proc/{agent}/cmdline")
+
+
+def test_4_a_dflash_shaped_gang_runs_one_rank_per_ct_over_all_of_its_gpus(gang):
+    """DFlash's own trainer is one process over a CT's GPUs: nproc_per_node 1 on CTs that give
+    the run 2 GPUs is valid, and the report says each rank drives 2 GPUs."""
+    one_rank = {"trainer_run_launcher_options": {"nproc_per_node": 1}}
+    res = gang.make("restart", one_rank)
+    assert res.returncode == 0, res.stdout[-6000:]
+    for rank, host in enumerate(CTS):
+        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 1 ranks \(2 GPU\(s\) each\) healthy after", res.out), res.out
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 1, (host, res.out)
+    refused = gang.make("check", {"trainer_run_launcher_options": {"nproc_per_node": 3}})
+    assert refused.returncode != 0
+    assert "nproc_per_node: 3 ranks do not divide the 2 GPUs the run is given" in refused.out, refused.out
