@@ -358,18 +358,22 @@ def _skew_words(spread):
 
 def stop_report(gang, stops):
     """A gang's stop in one line (playbooks/stop.yml; each CT's own stop has its line): the skew,
-    each CT's first signal against the first one's, the checkpoint its CTs' ranks wrote. stops:
-    {member: its stop result}."""
+    each CT's first signal against the first one's, the gang's one checkpoint (gang_checkpoint),
+    and the CTs whose own stop ended before it was complete (the barrier after the stop has
+    proved that every CT sees it). stops: {member: its stop result}."""
     spread = skew(stops)
-    written = sorted({r["checkpoint"]["new"] for r in stops.values()
-                      if isinstance(r, dict) and (r.get("checkpoint") or {}).get("written")})
     line = f"gang {gang['name']} ({gang['size']} CTs): {_skew_words(spread)}"
     if spread:
         line += " (" + ", ".join(f"{h} +{offset} ms" for h, offset in spread["order"]) + ")"
     missing = [h for h in gang["members"] if not isinstance(stops.get(h), dict)]
     if missing:
         line += f", no stop result from {', '.join(missing)}"
-    return line + (f", checkpoint {', '.join(written)}" if written else ", NO new checkpoint")
+    newest = gang_checkpoint(stops)
+    if newest is None:
+        return line + ", NO new checkpoint"
+    early = [h for h, r in stops.items() if isinstance(r, dict) and (r.get("checkpoint") or {}).get("newest") != newest]
+    return line + f", checkpoint {newest}" + (
+        f" ({', '.join(early)}: its own stop ended before that save was complete)" if early else "")
 
 
 def logging_member(results, key):

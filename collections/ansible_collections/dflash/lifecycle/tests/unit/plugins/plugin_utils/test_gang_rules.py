@@ -275,6 +275,10 @@ def test_the_gang_stop_report_says_the_skew_each_signal_and_the_checkpoint():
     stops = {"a": stop("/c/step_20", step=20, signalled_at=50.0), "b": stop(newest="/c/step_20", signalled_at=50.0031)}
     assert gang.stop_report(plan, stops) == (
         "gang big (2 CTs): stop signalled together (skew 3.1 ms, a first) (a +0.0 ms, b +3.1 ms), checkpoint /c/step_20")
+    # rank 0 saved alone: b's stop ended on an older save of rank 0, before the one the gang resumes from
+    early = {"a": stop("/c/step_25", step=25, signalled_at=50.0), "b": stop("/c/step_20", step=20, signalled_at=50.0)}
+    assert gang.stop_report(plan, early).endswith(
+        ", checkpoint /c/step_25 (b: its own stop ended before that save was complete)")
     assert gang.stop_report(plan, {"a": stop(signalled_at=50.0), "b": None}) == (
         "gang big (2 CTs): stop skew not known (fewer than two CTs sent a signal), no stop result from b, "
         "NO new checkpoint")
