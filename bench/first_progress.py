@@ -204,7 +204,7 @@ def median(rows, key):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(tmp)
-        bench.bed.up()
+        bench.bed.up_fresh()
         try:
             run(bench, tmp)
         finally:

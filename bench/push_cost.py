@@ -82,8 +82,8 @@ def hand_push(bed, src, dest, changed=None):
 
 def main():
     bed_obj = testbed_mod.Testbed()
-    was_up = all(bed_obj.sshd_pid(n) for n in bed_obj.nodes) if os.path.isdir(bed_obj.state_dir) else False
-    bed_obj.up()
+    was_up = bed_obj.running()
+    bed_obj.up_fresh(keep_running=True)  # a testbed that is up (make demo's) stays as it is
     bed = LiveTestbed(bed_obj)
     base, dest = "/opt/dflash-bench", "/root/hand-bench"
     try:

@@ -176,7 +176,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         inventory = make_inventory(os.path.join(tmp, "inventory"))
         bench = Bench(inventory)
-        bench.bed.up()
+        bench.bed.up_fresh()
         try:
             run(bench, tmp)
         finally:

@@ -6,8 +6,6 @@ The longest files go first (tests/run-all.sh passes --no-loadscope-reorder): a w
 next file when it is done with one, so a long file started last would keep the run waiting on
 one worker while the others idle."""
 
-import os
-
 import pytest
 
 from testlib import LiveTestbed, TESTBED_INVENTORY, testbed_mod
@@ -31,9 +29,8 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def testbed():
     bed = testbed_mod.Testbed(TESTBED_INVENTORY)
-    was_up = os.path.isdir(bed.state_dir) and all(
-        bed.sshd_pid(name) for name in bed.nodes)
-    bed.up()
+    was_up = bed.running()
+    bed.up_fresh(keep_running=True)  # what a killed run left, nothing of it running, is not reused
     try:
         yield LiveTestbed(bed)
     finally:

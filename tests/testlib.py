@@ -5,6 +5,7 @@ conftest of their own, and `from conftest import` could find either."""
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -169,15 +170,34 @@ class LiveTestbed:
         self.bed = bed
 
     def ssh(self, node, command, input=None, check=False, timeout=60):
+        """command on node. The calls share one connection per node (a ControlMaster of the
+        tests' own, its socket in the testbed's state directory, gone after 30 s idle): a
+        handshake costs both CPUs about 0.1 s and the wall 0.3 s, and the tests make over a
+        thousand calls."""
         spec = self.bed.nodes[node]
         args = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={self.bed.known_hosts}",
-                "-o", "IdentitiesOnly=yes", "-i", self.bed.key, "-p", str(spec["port"]),
-                f"root@{spec['address']}", command]
+                "-o", "IdentitiesOnly=yes", "-i", self.bed.key, "-o", "ControlMaster=auto",
+                "-o", f"ControlPath={self.control_path_prefix()}%C", "-o", "ControlPersist=30",
+                "-p", str(spec["port"]), f"root@{spec['address']}", command]
         res = subprocess.run(args, input=input, capture_output=True, check=False, timeout=timeout,
                              text=isinstance(input, str) or input is None)
         if check and res.returncode != 0:
             raise AssertionError(f"{command!r} on {node}: rc={res.returncode}\n{res.stderr}")
         return res
+
+    def wait_in_ct(self, node, vmid, condition, timeout, what, detail=None):
+        """Until the shell condition holds in CT vmid on node, polled inside the CT every 0.1 s:
+        one call, where a poll per round trip (ssh, pct, lxc-attach) costs the CPUs that the
+        tests share. Fails naming what it waited for, and detail() when given."""
+        script = f"until {condition}; do sleep 0.1; done"
+        res = self.ssh(node, f"pct exec {vmid} -- timeout {timeout} sh -c {shlex.quote(script)}",
+                       timeout=timeout + 60)
+        assert res.returncode == 0, (f"{what}: not within {timeout}s in CT {vmid} on {node} "
+                                     f"(rc {res.returncode} {res.stderr[-1000:]})\n{detail() if detail else ''}")
+
+    def control_path_prefix(self):
+        """Where the tests' own ControlMasters keep their sockets (ansible's are elsewhere)."""
+        return os.path.join(self.bed.state_dir, "cm-")
 
     def pct_invocations(self, node):
         path = os.path.join(self.bed.node_dir(node), "pct-invocations.log")

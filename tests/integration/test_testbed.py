@@ -137,3 +137,31 @@ def test_down_refuses_a_directory_it_did_not_create(tmp_path):
         assert os.path.isdir(state_dir)
     finally:
         os.rmdir(state_dir)
+
+
+def test_up_fresh_starts_from_empty_cts_after_a_run_killed_before_its_teardown(instance):
+    """A machine that stops mid-run (killed, rebooted, snapshotted) keeps the CTs' disks and ends
+    their processes: what a test left there (a release, a lock, a checkpoint) must not meet the
+    next run's tests, which up_fresh serves; a running instance it keeps when asked."""
+    inventory, _state_dir, _octet = instance
+    bed = testbed_mod.Testbed(inventory)
+    bed.up()
+    node = bed.pct_node("n1")
+    leftover = os.path.join(node.lxcpath, "500", "rootfs", "workspace", "leftover")
+    with open(leftover, "w", encoding="utf-8") as handle:
+        handle.write("an earlier run's state\n")
+    for name in bed.nodes:  # the processes end, the disks stay
+        for vmid in os.listdir(bed.pct_node(name).lxcpath):
+            bed.pct_node(name).lxc("lxc-stop", vmid, "--kill")
+        os.kill(bed.sshd_pid(name), signal.SIGTERM)  # started by bed.up() above: ours
+    deadline = time.monotonic() + 10
+    while any(bed.sshd_pid(name) for name in bed.nodes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not node.check_running("500") and os.path.exists(leftover)
+    bed.up_fresh()
+    assert node.check_running("500") and not os.path.exists(leftover)
+    # an instance that is up (make demo's, under a test session or a benchmark) is kept as it is
+    with open(leftover, "w", encoding="utf-8") as handle:
+        handle.write("the demo's state\n")
+    bed.up_fresh(keep_running=True)
+    assert os.path.exists(leftover)

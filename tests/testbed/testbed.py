@@ -190,6 +190,19 @@ class Testbed:
         log(f"up: {len(self.nodes)} nodes, "
             f"{sum(len(n['cts']) for n in self.nodes.values())} CTs, state in {self.state_dir}")
 
+    def running(self):
+        """Whether this instance is up: every node's sshd runs."""
+        return os.path.isdir(self.state_dir) and all(self.sshd_pid(name) for name in self.nodes)
+
+    def up_fresh(self, keep_running=False):
+        """Bring the instance up from nothing: what an earlier one left at state_dir (a run
+        killed before its own teardown leaves CT disks holding its releases, locks and
+        checkpoints) is taken down first, so tests start from the same empty CTs anywhere.
+        keep_running: an instance that is up (make demo's) is used as it is."""
+        if not (keep_running and self.running()):
+            self.down()
+        self.up()
+
     def up_cluster_network(self):
         """The cluster network: a network namespace of this instance holding every bridge a CT's
         net0 names (the nodes' vmbrN, joined as a switch would join them). No host interface is
@@ -325,6 +338,9 @@ class Testbed:
             # and without the host's /usr/local/bin: nothing in the CT is found there by luck
             f"{rootfs}/local-bin usr/local/bin none bind,ro 0 0",
             "tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
+            # a Proxmox CT's systemd mounts a tmpfs on /run (systemd's mount-setup.c), so a CT
+            # restart wipes the lock, pidfile and stop results there, and tini mounts nothing
+            "tmpfs run tmpfs rw,nosuid,nodev,mode=755,create=dir 0 0",
             f"{TORCH_VENV} {TORCH_VENV.lstrip('/')} none bind,ro,optional,create=dir 0 0",
         ]
         if ct["mp0"]:
