@@ -28,7 +28,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
 .PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test lint ping bench \
-        restart check stop start push rollback status logs throughput host-guard host-required
+        restart check stop start push rollback status logs throughput host-required
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -108,10 +108,11 @@ test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; the u
 	@$(MAKE) --no-print-directory -j3 venv venv-next venv-torch
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 
-bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk)
+bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, the stop request against SIGINT, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk)
 	$(BIN)/python bench/first_progress.py
 	$(BIN)/python bench/stop_latency.py
 	$(BIN)/python bench/own_checkpoint_stop.py
+	$(BIN)/python bench/stop_request.py
 	$(BIN)/python bench/checkpoint_check.py
 	$(BIN)/python bench/launcher_stop.py
 	$(BIN)/python bench/gang_redeploy.py
@@ -132,44 +133,47 @@ PLAYBOOK = $(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS)' $(EXTRA) \
   $(if $(CANARY_THRESHOLD),-e redeploy_canary_threshold=$(CANARY_THRESHOLD))
 
 # HOST must select at least one trainer CT (dflash_trainers:&HOST): a node's name, a typo or
-# a broken inventory never becomes a job that touches nothing and exits 0, or every CT. One
-# ansible start-up for both (a second would cost every job about a second).
-host-guard: venv
-	@hosts=$$(ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' \
+# a broken inventory never becomes a job that touches nothing and exits 0, or every CT. The guard
+# runs beside the job, not before it (its ansible start-up is about 0.7 s of the job's wall):
+# every play of the jobs targets trainer CTs only, so a job whose HOST selects none touches
+# nothing, and the guard turns its exit status into the refusal.
+HOST_GUARD = hosts=$$(ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' \
 	            --list-hosts 2>&1) || { echo "$$hosts" >&2; echo "INVENTORY=$(INVENTORY) cannot be read (above)" >&2; exit 2; }; \
 	  grep -q 'hosts ([1-9]' <<< "$$hosts" \
 	  || { echo "HOST=$(CTS) selects no trainer CT (group dflash_trainers) of $(INVENTORY)" >&2; exit 2; }
+# $(call guarded,JOB): JOB with the guard beside it; the guard's refusal (2) wins over JOB's status
+guarded = ( $(HOST_GUARD) ) & guard=$$!; $(1); job=$$?; wait $$guard || exit 2; exit $$job
 
 # The targets that change a CT take HOST explicitly: no default reaches every CT by accident.
 host-required:
 	@test -n "$(HOST)" || { echo "HOST is required: make $(MAKECMDGOALS) HOST=<CT, group or pattern of $(INVENTORY)>" >&2; exit 2; }
 
-restart: host-required host-guard ## redeploy HOST: push, staged stop (checkpoint), activate, launch
-	$(PLAYBOOK) redeploy.yml
+restart: host-required venv ## redeploy HOST: push, staged stop (checkpoint), activate, launch
+	@$(call guarded,$(PLAYBOOK) redeploy.yml)
 
-check: host-guard ## dry run of the redeploy of HOST: changes, drift to repair, command line, stop ladder
-	$(PLAYBOOK) redeploy.yml --check --diff
+check: venv ## dry run of the redeploy of HOST: changes, drift to repair, command line, stop ladder
+	@$(call guarded,$(PLAYBOOK) redeploy.yml --check --diff)
 
-stop: host-required host-guard ## stop the trainer of HOST, checkpoint first
-	$(PLAYBOOK) playbooks/stop.yml
+stop: host-required venv ## stop the trainer of HOST, checkpoint first
+	@$(call guarded,$(PLAYBOOK) playbooks/stop.yml)
 
-start: host-required host-guard ## launch the trainer of HOST (current release, preflight first)
-	$(PLAYBOOK) playbooks/start.yml
+start: host-required venv ## launch the trainer of HOST (current release, preflight first)
+	@$(call guarded,$(PLAYBOOK) playbooks/start.yml)
 
-push: host-required host-guard ## push the code of HOST as a new release (not activated)
-	$(PLAYBOOK) playbooks/push.yml
+push: host-required venv ## push the code of HOST as a new release (not activated)
+	@$(call guarded,$(PLAYBOOK) playbooks/push.yml)
 
-rollback: host-required host-guard ## switch HOST back to its previous release and relaunch it
-	$(PLAYBOOK) playbooks/rollback.yml
+rollback: host-required venv ## switch HOST back to its previous release and relaunch it
+	@$(call guarded,$(PLAYBOOK) playbooks/rollback.yml)
 
-status: host-guard ## per CT: running, PID, uptime, release, drift, tok/s, checkpoint, lock
-	$(PLAYBOOK) playbooks/status.yml
+status: venv ## per CT: running, PID, uptime, release, drift, tok/s, checkpoint, lock
+	@$(call guarded,$(PLAYBOOK) playbooks/status.yml)
 
-logs: host-guard ## the last LINES (50) lines of the trainer log of HOST
-	$(PLAYBOOK) playbooks/logs.yml $(if $(LINES),-e logs_lines=$(LINES))
+logs: venv ## the last LINES (50) lines of the trainer log of HOST
+	@$(call guarded,$(PLAYBOOK) playbooks/logs.yml $(if $(LINES),-e logs_lines=$(LINES)))
 
-throughput: host-guard ## a text chart of the tok/s of HOST's run over its log
-	$(PLAYBOOK) playbooks/throughput.yml
+throughput: venv ## a text chart of the tok/s of HOST's run over its log
+	@$(call guarded,$(PLAYBOOK) playbooks/throughput.yml)
 
-ping: host-guard ## ansible.builtin.ping every CT of HOST through the pct connection
-	$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' -m ansible.builtin.ping
+ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
+	@$(call guarded,$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' -m ansible.builtin.ping)

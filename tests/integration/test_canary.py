@@ -133,7 +133,7 @@ def test_a_trainer_started_by_hand_is_judged_by_its_own_log(running):
     assert res.returncode == 0, res.stdout
     assert re.search(r"stopped by SIGINT in [0-9.]+s, checkpoint \S+/step_\d+ \(step_dirs\) \(0 steps lost\)", res.out), res.out
     figures = re.search(r"canary: tok/s ([0-9.]+) -> ([0-9.]+) \(([-+][0-9.]+)%", res.out)
-    assert figures and float(figures.group(1)) > 1000, res.out  # this run's figure, not the older run's 1.0
+    assert figures and float(figures.group(1)) > 100, res.out  # this run's figure, not the older run's 1.0
     assert "before: read /root/train.log (the trainer's stdout), not log_file /workspace/logs/train.log" in res.out
 
     hand_start(running, "ct200", "/dev/null")

@@ -12,32 +12,45 @@ import time
 import pytest
 
 from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
-from test_staged_stop import CT, FAST_LADDER, NODE, OUT, ct, stop  # noqa: F401  (ct: fixture)
+from test_staged_stop import CT, FAST_LADDER, NODE, OUT, PATTERN, VMID, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
 
 
-def masters_to(address, port=2222):
-    """PIDs of the ssh client processes (ControlMasters) connected to address:port."""
+def masters_to(address, tests_own, port=2222):
+    """PIDs of the ssh client processes (ControlMasters) connected to address:port, but for the
+    tests' own (their ControlPath begins with tests_own): the drop cuts ansible's connection."""
     out = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"{address}:{port}"],
                          capture_output=True, text=True, check=True).stdout
-    return sorted({int(p) for p in re.findall(r'"ssh",pid=(\d+)', out)})
+    masters = set()
+    for pid in {int(p) for p in re.findall(r'"ssh",pid=(\d+)', out)}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                ours = f"ControlPath={tests_own}".encode() in handle.read()
+        except OSError:  # gone since ss listed it
+            continue
+        if not ours:
+            masters.add(pid)
+    return sorted(masters)
 
 
-def in_ct(testbed, node, vmid, command, check=True):
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+def in_ct(testbed, node, vmid, command, check=True, timeout=60):
+    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check, timeout=timeout)
 
 
-def wait_for_checkpoint_history(sh, directory, timeout):
+def wait_for_checkpoint_history(testbed, node, vmid, directory, timeout):
     """Until a legacy trainer has written two periodic checkpoints: a stop that cannot make it
     checkpoint waits for the next one, at the interval these give."""
-    deadline = time.monotonic() + timeout
-    while sh(f"ls {directory} | grep -c '^step_'", check=False).stdout.strip() in ("", "0", "1"):
-        assert time.monotonic() < deadline, "no periodic checkpoint history"
-        time.sleep(0.2)
+    testbed.wait_in_ct(node, vmid, f"[ $(ls {directory} | grep -c '^step_') -ge 2 ]", timeout,
+                       "no periodic checkpoint history")
 
 
-def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None):
+def wait_for_no_trainer(testbed, node, vmid, pattern, timeout, output):
+    testbed.wait_in_ct(node, vmid, f"! pgrep -f '{pattern}' > /dev/null", timeout, "a trainer still runs",
+                       lambda: output)
+
+
+def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lambda: None):
     """Run ansible-playbook with playbook_args and, once its detached stop is under way in the
     CT (the worker file names it), kill the controller's ControlMasters to the node at address;
     after_drop runs right then. Returns the playbook's exit status and output."""
@@ -45,9 +58,10 @@ def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None
                                 env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # watched from inside the CT, one call: a poll per round trip could miss a short stop
-        seen = sh("timeout 60 sh -c 'until test -s /run/dflash/stop.worker; do sleep 0.02; done'", check=False)
+        seen = sh("timeout 150 sh -c 'until test -s /run/dflash/stop.worker; do sleep 0.02; done'", check=False,
+                  timeout=180)
         assert seen.returncode == 0 and playbook.poll() is None, "the stop's worker was never seen running"
-        killed = masters_to(address)
+        killed = masters_to(address, testbed.control_path_prefix())
         assert killed, "no ControlMaster to the node: nothing to drop"
         for pid in killed:  # started by the playbook above: ours, ended by PID
             os.kill(pid, 9)
@@ -62,20 +76,18 @@ def drop_connection_mid_stop(sh, address, playbook_args, after_drop=lambda: None
 def test_stop_survives_a_dropped_controller_connection(ct, testbed):
     # a legacy launch (SIGINT ignored) with periodic checkpoints: the stop first waits for the
     # next checkpoint, and the connection is cut while it waits, before any signal was sent
-    # (a checkpoint every 15 s, the stop begun after one: the playbook's start and the drop take
-    # seconds on a loaded machine; the stop's own timeline says whether they came first)
-    ct.launch(how="background", extra="--save-interval 750 --profile-interval 5")
-    wait_for_checkpoint_history(ct.sh, OUT, timeout=70)
+    # (a checkpoint every 25 s, the stop begun after one: the playbook's start and the drop took
+    # up to 15 s on a machine running four test files at once; the stop's own timeline says
+    # whether they came first)
+    ct.launch(how="background", extra="--save-interval 1250 --profile-interval 5")
+    wait_for_checkpoint_history(testbed, NODE, VMID, OUT, timeout=110)
     dropped = []
     _status, output = drop_connection_mid_stop(
-        ct.sh, testbed.bed.nodes[NODE]["address"],
+        testbed, ct.sh, testbed.bed.nodes[NODE]["address"],
         [os.path.join(REPO, "playbooks", "stop.yml"), "-l", CT, "-e", f"trainer_run_checkpoint_dir={OUT}",
          "-e", "trainer_run_log_file=/workspace/train.log", *EXTRA], after_drop=lambda: dropped.append(time.time()))
     # whatever the controller saw, the stop ran to its end inside the CT
-    deadline = time.monotonic() + 60
-    while ct.trainer_pids():
-        assert time.monotonic() < deadline, output
-        time.sleep(0.2)
+    wait_for_no_trainer(testbed, NODE, VMID, PATTERN, 60, output)
     # the stop's worker left its result: its first signal went after the drop (the CT's clock is
     # the host's), once the periodic checkpoint it waited for had landed
     stop_result = json.loads(ct.sh("cat /run/dflash/stop.result.json").stdout)["result"]
@@ -121,15 +133,12 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
     try:
         # a checkpoint every 15 s, the redeploy begun right after one: its stop waits for the next
         # for longer than the playbook takes to reach it, so the drop comes while it waits
-        wait_for_checkpoint_history(in_ct200, out, timeout=90)
+        wait_for_checkpoint_history(testbed, "pve1", 200, out, timeout=90)
         status, output = drop_connection_mid_stop(
-            in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override],
+            testbed, in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override],
             after_drop=lambda: module_gone_with_its_session(in_ct200))
         assert status != 0 and "UNREACHABLE" in output
-        deadline = time.monotonic() + 60
-        while in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.strip():
-            assert time.monotonic() < deadline, output
-            time.sleep(0.2)
+        wait_for_no_trainer(testbed, "pve1", 200, "/root/train_dflash_pipeline[.]py", 60, output)
         holder = json.loads(in_ct200("cat /run/dflash/redeploy.lock").stdout)["holder"]
         refused = testbed.playbook(REDEPLOY, "-l", "ct200", *override, check=False)
         assert refused.returncode != 0 and f"CT is being redeployed by {holder}" in refused.stdout

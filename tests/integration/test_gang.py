@@ -14,7 +14,9 @@ A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user dr
 6. `make stop` signals both at one moment and reports the gang's skew and checkpoint;
 7. `make start` launches both from that checkpoint;
 8. `make rollback` stops both together and relaunches both on the previous release from the new
-   checkpoint.
+   checkpoint, a run whose rank 0 saves alone and whose ranks take the stop request;
+9. `make stop` of that run through the stop request: written in both CTs at the gang's moment,
+   every rank stops at one step, rank 0's checkpoint, no signal sent.
 
 Gangs as people run them (rank 0 saving alone, a failed stop phase, torch found through
 dflash_env, one rank per CT) are tests/integration/test_gang_as_run.py's, on a gang testbed of
@@ -33,6 +35,9 @@ import pytest
 from testlib import GANG, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
 
 STATE = "/var/lib/dflash-testbed/gang"
+# a run whose rank 0 saves alone and whose ranks take the stop request (tests 8 and 9)
+TAKES_REQUESTS = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
+                                 "DFLASH_TEST_STOP_REQUEST": "take"}}
 CTS = {"ct400": ("gn1", 400), "ct401": ("gn2", 401)}
 CKPT = "/workspace/checkpoints"
 
@@ -50,11 +55,21 @@ class Gang:
         return res.stdout
 
     def make(self, target, *extra_vars):
+        return self.finish(self.start(target, *extra_vars))
+
+    def start(self, target, *extra_vars):
+        """`make target` on the gang, running in the background until finish()."""
         args = ["make", target, f"HOST={GANG}", f"INVENTORY={self.inventory}"]
         if extra_vars:
             args.append("EXTRA=" + " ".join(f"-e {shlex.quote(json.dumps(v))}" for v in extra_vars))
-        res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False)
-        res.out = " ".join(res.stdout.split())  # the callback folds long lines
+        return subprocess.Popen(args, cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def finish(proc):
+        stdout, stderr = proc.communicate()
+        res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        res.out = " ".join(stdout.split())  # the callback folds long lines
         return res
 
     def run(self, host):
@@ -73,7 +88,7 @@ def running_gang(tmp_path_factory, state_dir, loopback, cluster_net):
     model and a corpus and the gang launched by `make restart`; taken down at the end."""
     inventory = make_gang_inventory(str(tmp_path_factory.mktemp("gang") / "inventory"), state_dir, loopback, cluster_net)
     bed = Gang(inventory)
-    bed.bed.up()
+    bed.bed.up_fresh()
     try:
         for host in CTS:
             bed.sh(host, "mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > /dev/shm/models/target/config.json "
@@ -112,10 +127,12 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
     res = gang.make("restart", {"trainer_code_src": release})
     assert res.returncode == 0, res.stdout[-6000:]
     head = re.search(rf"gang {GANG} \(2 CTs, c10d rendezvous at 10\.77\.9\.1:29500\): release (\w+), stop signalled "
-                     rf"together \(skew ([0-9.]+) ms, ct40[01] first\), checkpoint {CKPT}/(step_\d+) \(0 steps lost\), "
-                     r"every CT running; ct400 logs ([0-9.]+) tok/s; canary: tok/s [0-9.]+ -> [0-9.]+ ", res.out)
+                     rf"together \(skew ([0-9.]+) ms, ct40[01] first{MARGIN}\), checkpoint {CKPT}/(?P<checkpoint>step_\d+) "
+                     r"\(0 steps lost\), every CT running; ct400 logs ([0-9.]+) tok/s; canary: tok/s [0-9.]+ -> [0-9.]+ ",
+                     res.out)
     assert head, res.out
-    new_release, checkpoint = head.group(1), head.group(3)
+    assert_margin_measured(head)
+    new_release, checkpoint = head.group(1), head.group("checkpoint")
     assert {gang.current(host) for host in CTS} == {new_release}
     # ct400's rank 0 wrote it, once; both CTs resumed from it; every rank of the new run runs
     assert re.findall(rf"checkpoint saved: {CKPT}/step_\d+ \(step \d+, interrupt\)",
@@ -186,14 +203,27 @@ def test_5_cts_that_see_different_checkpoint_directories_are_refused(gang):
         gang.sh("ct401", f"umount {CKPT}")
 
 
+# the margin before the gang's moment, measured by the job, and how long before it the slowest CT was
+# ready (after it, on a machine loaded past the margin: then the report says the signal went late)
+MARGIN = (r"; margin (?P<margin>[0-9.]+) s, 1.25x the measured start of the stop, (?P<measured>[0-9.]+) s, "
+          r"(?:the slowest CT \(ct40[01]\) ready [0-9.]+ s before|ct40[01] ready only [0-9.]+ s after) the moment"
+          r"(?: \(its signal went late\))?")
+
+
+def assert_margin_measured(found):
+    assert float(found.group("margin")) == max(0.5, round(1.25 * float(found.group("measured")), 2)), found.group(0)
+
+
 def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang):
     res = gang.make("stop")
     assert res.returncode == 0, res.stdout[-4000:]
     saved = re.findall(rf"ok: \[ct40[01]\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
                        rf"({CKPT}/step_\d+)", res.out)
     assert len(saved) == 2 and len(set(saved)) == 1, res.out  # both CTs see the one checkpoint ct400's rank 0 wrote
-    assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first\) "
-                     rf"\(ct40[01] \+0\.0 ms, ct40[01] \+[0-9.]+ ms\), checkpoint {saved[0]}", res.out), res.out
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first{MARGIN}\) "
+                        rf"\(ct40[01] \+0\.0 ms, ct40[01] \+[0-9.]+ ms\), checkpoint {saved[0]}", res.out)
+    assert stopped, res.out
+    assert_margin_measured(stopped)
     assert all(gang.run(host) == (None, []) for host in CTS)
 
 
@@ -212,14 +242,37 @@ def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous
                          for link in ("current", "previous"))
     assert previous and previous != current
     old = {host: gang.run(host) for host in CTS}
-    res = gang.make("rollback")
+    res = gang.make("rollback", TAKES_REQUESTS)
     assert res.returncode == 0, res.stdout[-6000:]
-    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first\) "
-                        rf"\([^)]*\), checkpoint ({CKPT}/step_\d+)", res.out)
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first{MARGIN}\) "
+                        rf"\([^)]*\), checkpoint (?P<checkpoint>{CKPT}/step_\d+)", res.out)
     assert stopped, res.out
+    assert_margin_measured(stopped)
     for host in CTS:
         assert gang.current(host) == previous
         agent, workers = gang.run(host)
         assert agent and len(workers) == 2 and agent != old[host][0], host
         assert re.search(rf"ok: \[{host}\] => msg: rolled back to {previous}, PID {agent}", res.out), res.out
-    assert f"resumed from {stopped.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+    assert f"resumed from {stopped.group('checkpoint')}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_9_make_stop_of_ranks_that_take_the_request_stops_every_rank_at_one_step_with_no_signal(gang):
+    """Rank 0 saves alone (the other ranks leave without saving) and the ranks take the stop
+    request (test 8's run): with saves_on auto the run announced it, so each CT's stop writes its
+    request at the gang's moment, the ranks agree on one step through their all-reduce, and no
+    CT's stop sends a signal."""
+    res = gang.make("stop", {"trainer_run_saves_on": "auto"})
+    assert res.returncode == 0, res.stdout[-6000:]
+    steps = {}
+    for host in CTS:
+        line = re.search(rf"ok: \[{host}\] => msg: '?stopped PID \d+ by the stop request in [0-9.]+s, no signal sent "
+                         r"\(request \w+, acknowledged at step (\d+)", res.out)
+        assert line, (host, res.out)
+        steps[host] = int(line.group(1))
+    assert len(set(steps.values())) == 1, steps
+    step = steps["ct400"]
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop requested together \(skew [0-9.]+ ms, ct40[01] first; the ranks "
+                        rf"of every CT stopped at step {step}{MARGIN}\) \([^)]*\), checkpoint {CKPT}/step_{step}\b", res.out)
+    assert stopped, res.out
+    assert all(gang.run(host) == (None, []) for host in CTS)
+    assert f"stop request at step {step}: checkpoint saved, exiting" in gang.sh("ct400", "cat /workspace/logs/train.log")

@@ -28,23 +28,33 @@ def gang(tmp_path_factory):
 
 
 def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
-    """The common pattern: rank 0 saves (10 s here), the other ranks leave on KeyboardInterrupt at
-    once, so ct401's stop ends before ct400's rank 0 has renamed its checkpoint into place (a few
-    seconds on a loaded machine: the save outlasts it). The
-    gang's checkpoint is judged on every CT once every CT has stopped: make stop, make start and
-    a make restart whose stop would have raced all succeed, and the relaunch resumes from it."""
+    """The common pattern: rank 0 saves, the other ranks leave on KeyboardInterrupt at once, so
+    ct401's stop ends before ct400's rank 0 has renamed its checkpoint into place: here the save
+    lands only once ct401's stop has ended (on a loaded machine ct401's ranks took longer to go
+    than a 10 s save). The gang's checkpoint is judged on every CT once every CT has stopped:
+    make stop, make start and a make restart whose stop would have raced all succeed, and the
+    relaunch resumes from it."""
+    release = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
     alone = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
-                            "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+                            "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt",
+                            "DFLASH_TEST_SAVE_HELD_BY": release}}
     res = gang.make("restart", alone)  # the run the next stop meets saves as rank 0 alone
     assert res.returncode == 0, res.stdout[-6000:]
-    res = gang.make("stop", alone)
+    gang.sh("ct400", f"rm -f {release}")
+    gang.sh("ct401", "rm -f /run/dflash/stop.result.json")
+    stopping = gang.start("stop", alone)
+    try:  # ct401's own stop ends (its result written), then rank 0's save may land
+        gang.live.wait_in_ct("gn2", 401, "test -s /run/dflash/stop.result.json", 300, "ct401's stop did not end")
+    finally:
+        gang.sh("ct400", f"touch {release}")
+    res = gang.finish(stopping)
     assert res.returncode == 0, res.stdout[-6000:]
     saved = re.search(rf"ok: \[ct400\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
                       rf"({CKPT}/step_\d+)", res.out).group(1)
-    # ct401's own stop ended before that save was complete (it saw no new checkpoint, or an older
-    # save of rank 0 that completed before the signal): the race the gang's judgement waits out
-    ct401 = re.search(r"ok: \[ct401\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; (.*?) TASK \[",
-                      res.out)
+    # ct401's stop saw no new checkpoint, or an older save of rank 0 that completed before the
+    # signal (its report ends at the next host's or task's line: the two CTs report in either order)
+    ct401 = re.search(r"ok: \[ct401\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; (.*?)"
+                      r"(?= ok: \[| TASK \[)", res.out)
     assert ct401 and saved not in ct401.group(1), res.out
     # the gang names its one checkpoint, and the CT whose stop ended early
     assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together .*?, checkpoint {saved} "

@@ -16,7 +16,6 @@ the other ranks wait for its save in a barrier.
 import os
 import re
 import shlex
-import time
 
 import ansible_runner
 import pytest
@@ -62,11 +61,9 @@ def ct(testbed):
 
 
 def wait_for(testbed, text, timeout=90, count=1):
-    """Until the run's log holds text count times."""
-    deadline = time.monotonic() + timeout
-    while sh(testbed, f"cat {LOG}", check=False).stdout.count(text) < count:
-        assert time.monotonic() < deadline, sh(testbed, f"cat {LOG}", check=False).stdout[-3000:]
-        time.sleep(0.3)
+    """Until count lines of the run's log hold text."""
+    testbed.wait_in_ct(NODE, VMID, f"[ $(grep -cF {shlex.quote(text)} {LOG}) -ge {count} ]", timeout,
+                       f"{count} lines with {text!r}", lambda: sh(testbed, f"cat {LOG}", check=False).stdout[-3000:])
 
 
 def playbook(tmp_path, name, **extravars):

@@ -89,9 +89,10 @@ class Layouts:
         """Until every trainer has logged count periodic saves."""
         deadline = time.monotonic() + timeout
         for layout in LAYOUTS:
-            while self.log(layout).count("(step") < count:
-                assert time.monotonic() < deadline, f"{layout}: {self.log(layout)[-2000:]}"
-                time.sleep(0.2)
+            _host, node, vmid = HOSTS[layout]
+            self.live.wait_in_ct(node, vmid, f"[ $(grep -c '(step' {LOG}) -ge {count} ]",
+                                 max(1, round(deadline - time.monotonic())), f"{layout}: {count} saves",
+                                 lambda: self.log(layout)[-2000:])
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def bed(tmp_path_factory):
            for layout, (host, node, vmid) in HOSTS.items()}
     inventory = make_testbed_inventory(os.path.join(tmp, "inventory"), STATE, NODES, cts, SETTINGS)
     layouts = Layouts(inventory, tmp)
-    layouts.bed.up()
+    layouts.bed.up_fresh()
     try:
         for layout in LAYOUTS:
             layouts.sh(layout, "mkdir -p /dev/shm/models/target /workspace/data && "

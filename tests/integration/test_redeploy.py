@@ -185,7 +185,9 @@ def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path
 
 
 def test_concurrent_redeploys_of_one_ct(seeded):
-    args = [os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301"]
+    # the first holds the lock through a 20 s health window: the second's start-up, seconds on
+    # a loaded machine, once outlasted the whole of a first redeploy with the default window
+    args = [os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", "ct301", "-e", "trainer_launch_health_seconds=20"]
     first = subprocess.Popen(args, cwd=REPO, env=tool_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
@@ -253,3 +255,42 @@ def test_a_hand_edit_through_the_legacy_path_is_found_and_repaired(seeded, tmp_p
     shipped = subprocess.run(["sha256sum"], stdin=open(TRAINER, "rb"), capture_output=True, check=True).stdout.decode()
     assert in_ct(seeded, "ct201", "sha256sum < /root/train_dflash_pipeline.py").stdout == shipped
     assert "edited by hand" in in_ct(seeded, "ct201", f"cat /opt/dflash/releases/.drifted-{release}-*/train_dflash_pipeline.py").stdout
+
+
+def make_job(target, host, **extravars):
+    args = ["make", target, f"HOST={host}"]
+    if extravars:
+        args.append("EXTRA=-e " + shlex.quote(json.dumps(extravars)))
+    res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False, timeout=600)
+    res.out = " ".join(res.stdout.split())  # the callback folds long lines
+    return res
+
+
+def test_the_stop_request_stops_a_trainer_in_a_long_c_call_and_a_request_not_taken_falls_back(seeded):
+    """The field's case through the stop request: the trainer's main thread sits in a 0.5 s C call
+    every step (a SIGINT waits for it to return) and logs every 10 steps. A run that takes
+    requests (saves_on auto: it announced it) is stopped by `make restart` through the request,
+    no signal sent, with its checkpoint and 0 steps lost; the run that follows announces requests
+    but never takes one, and `make stop` falls back to the signal ladder and says so."""
+    def run(how):
+        return {"trainer_run_saves_on": "auto", "trainer_run_checkpoint_format": "step_dirs",
+                "dflash_profile_interval": 10, "trainer_stop_request_ack_timeout": 3,
+                "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_BLOCK_IN_C_SECONDS": "0.5",
+                               "DFLASH_TEST_STOP_REQUEST": how}}
+
+    res = make_job("restart", "ct201", **run("take"))
+    assert res.returncode == 0, res.stdout[-6000:]
+    res = make_job("restart", "ct201", **run("ignore"))
+    assert res.returncode == 0, res.stdout[-6000:]
+    by_request = re.search(r"ct201: release \w+ \(installed already\), stopped by the stop request \(taken at step "
+                           r"(\d+), no signal sent\) in [0-9.]+s, checkpoint (\S+) \(step_dirs\) \(0 steps lost\)", res.out)
+    assert by_request and by_request.group(2).endswith(f"/step_{by_request.group(1)}"), res.out
+    log = in_ct(seeded, "ct201", "cat /workspace/logs/train.log.1").stdout
+    assert f"stop request at step {by_request.group(1)}: checkpoint saved, exiting" in log, log[-2000:]
+    assert "KeyboardInterrupt" not in log, log[-2000:]
+    res = make_job("stop", "ct201", **run("ignore"))
+    assert res.returncode == 0, res.stdout[-6000:]
+    assert re.search(r"ok: \[ct201\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint .*"
+                     r"the stop request was not taken: no acknowledgement in /workspace/logs/train\.log within 3s "
+                     r"\(request_ack_timeout\), and the signal ladder followed", res.out), res.out
+    assert trainer_pids(seeded, "ct201") == []

@@ -27,9 +27,9 @@ class CT201:
     def __init__(self, testbed):
         self.testbed = testbed
 
-    def sh(self, command, check=True):
+    def sh(self, command, check=True, timeout=60):
         return self.testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}",
-                                check=check)
+                                check=check, timeout=timeout)
 
     def trainer_pids(self):
         return [int(p) for p in self.sh(f"pgrep -f {PATTERN}", check=False).stdout.split()]
@@ -48,10 +48,11 @@ class CT201:
         else:
             launch = "bash -c 'bash /root/run.sh > /workspace/train.log 2>&1 < /dev/null &'"
         self.sh(launch)
-        deadline = time.monotonic() + 30
-        while ready_line not in self.sh("cat /workspace/train.log", check=False).stdout:
-            assert time.monotonic() < deadline, self.sh("cat /workspace/train.log").stdout
-            time.sleep(0.1)
+        self.wait(f"grep -qF {shlex.quote(ready_line)} /workspace/train.log", 30, f"no {ready_line!r} in the log",
+                  lambda: self.sh("cat /workspace/train.log", check=False).stdout)
+
+    def wait(self, condition, timeout, what, detail=None):
+        self.testbed.wait_in_ct(NODE, VMID, condition, timeout, what, detail)
 
     def processes(self):
         return self.sh("ps -eo pid=,pgid=,sid=,args=").stdout
@@ -289,10 +290,7 @@ PERIODIC = "--save-interval 100 --profile-interval 1"  # 0.02 s steps: a checkpo
 
 def launch_legacy_with_history(ct, workers=0):
     ct.launch(how="background", extra=PERIODIC, workers=workers)
-    deadline = time.monotonic() + 30
-    while ct.sh(f"ls {OUT} | grep -c '^step_'", check=False).stdout.strip() not in ("2", "3", "4"):
-        assert time.monotonic() < deadline, "no periodic checkpoints"
-        time.sleep(0.2)
+    ct.wait(f"[ $(ls {OUT} | grep -c '^step_') -ge 2 ]", 30, "no periodic checkpoints")
 
 
 def last_step_in_log(ct):
@@ -376,10 +374,7 @@ def test_a_gpu_process_of_another_pct_exec_session_survives_the_stop(ct, testbed
          f"root@{testbed.bed.nodes[NODE]['address']}",
          f"pct exec {VMID} -- sh -c 'exec 3</dev/nvidia5; exec sleep 6001'"])
     try:
-        deadline = time.monotonic() + 20
-        while ct.sh("pgrep -x -f 'sleep 6001'", check=False).returncode:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        ct.wait("pgrep -x -f 'sleep 6001' > /dev/null", 20, "the GPU tool of the other session never ran")
         other = ct.pid_of("sleep 6001")
         assert ct.sh(f"cut -d' ' -f4 /proc/{other}/stat").stdout.strip() == "0"  # PPID 0 for real
         result = stop(tmp_path, checkpoint_dir=OUT, ladder=FAST_LADDER)
@@ -419,10 +414,7 @@ def test_legacy_trainer_from_a_login_session_leaves_its_shell_sibling_and_daemon
     ct.sh("cd /workspace && setsid -f bash -l -c 'DFLASH_STEP_SECONDS=0.02 python3 -u "
           f"/root/train_dflash_pipeline.py {ARGS} > /workspace/train.log 2>&1 & sleep 600 & wait' "
           "< /dev/null > /dev/null 2>&1")
-    deadline = time.monotonic() + 30
-    while "tok/s" not in ct.sh("cat /workspace/train.log", check=False).stdout:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    ct.wait("grep -q tok/s /workspace/train.log", 30, "no progress line")
     trainer = ct.pid_of("^python3 -u /root/train_dflash_pipeline")  # the shell's own cmdline matches too
     sibling = ct.pid_of("^sleep 600$")
     shell = int(ct.sh(f"cut -d')' -f2 /proc/{sibling}/stat").stdout.split()[1])
@@ -454,10 +446,7 @@ def test_an_in_place_checkpoint_is_waited_for_until_it_is_done(ct, tmp_path):
     # legacy launch (SIGINT ignored), periodic checkpoints written in place and slowly
     ct.launch(how="background", extra=PERIODIC,
               env="DFLASH_TEST_CHECKPOINT_IN_PLACE=1 DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=2")
-    deadline = time.monotonic() + 60
-    while ct.sh(f"ls {OUT}/*/COMPLETE 2>/dev/null | wc -l", check=False).stdout.strip() in ("0", "1"):
-        assert time.monotonic() < deadline, "no periodic checkpoint history"
-        time.sleep(0.2)
+    ct.wait(f"[ $(ls {OUT}/*/COMPLETE 2>/dev/null | wc -l) -ge 2 ]", 60, "no periodic checkpoint history")
     result = stop(tmp_path, checkpoint_dir=OUT, ladder=FAST_LADDER)
     (landed,) = [e["path"] for e in result["timeline"] if e["event"] == "checkpoint_landed"]
     # the landed checkpoint was whole when the trainer was stopped (no truncated save)

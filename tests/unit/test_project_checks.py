@@ -1,26 +1,47 @@
 """Project-wide checks: the plugins' documentation renders (ansible-lint and ansible-test sanity
 run in `make lint`, before the tests)."""
 
+import functools
 import os
 
 import pytest
+import yaml
 
 from testlib import BIN, REPO, run_tool
 
 
+MODULES = ("staged_stop", "release_manifest", "trainer_release", "trainer_preflight", "trainer_process",
+           "trainer_info", "validate_settings", "redeploy_lock", "pct_push")
+PLUGINS = {"connection": ("pct",),
+           "filter": ("dflash_argv", "dflash_gpus_needed", "dflash_launcher_env", "dflash_env_pairs",
+                      "redeploy_summary", "redeploy_report", "gang_plan", "gang_launcher_options", "gang_barrier",
+                      "gang_throughput", "gang_report", "gang_stop_report"),
+           "lookup": ("lock_holder",), "inventory": ("pve_cluster",), "module": MODULES}
+
+
+@functools.lru_cache(maxsize=None)
+def rendered(kind):
+    """{name: its page} of every plugin of kind, from one ansible-doc run (a start-up costs about
+    a second of CPU); fails on anything on stderr."""
+    names = [f"dflash.lifecycle.{name}" for name in PLUGINS[kind]]
+    res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", kind, *names], check=False)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stdout + res.stderr
+    text = res.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "")
+    pages = {}
+    for page in text.split(f"> {kind.upper()} ")[1:]:
+        pages[page.split(None, 1)[0]] = page
+    assert sorted(pages) == sorted(names), text[:2000]
+    return pages
+
+
 def test_ansible_doc_renders_the_connection_plugin():
-    res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", "connection", "dflash.lifecycle.pct"])
-    assert "CONNECTION dflash.lifecycle.pct" in res.stdout.replace("\x1b[1m", "").replace("\x1b[0m", "")
-    assert "ansible_pct_vmid" in res.stdout
+    assert "ansible_pct_vmid" in rendered("connection")["dflash.lifecycle.pct"]
 
 
-@pytest.mark.parametrize("module", ["staged_stop", "release_manifest", "trainer_release", "trainer_preflight",
-                                    "trainer_process", "trainer_info", "validate_settings", "redeploy_lock",
-                                    "pct_push"])
+@pytest.mark.parametrize("module", MODULES)
 def test_ansible_doc_renders_each_module(module):
-    res = run_tool([os.path.join(BIN, "ansible-doc"), f"dflash.lifecycle.{module}"], check=False)
-    assert res.returncode == 0 and not res.stderr.strip(), res.stderr
-    assert "EXAMPLES" in res.stdout and "RETURN VALUES" in res.stdout
+    page = rendered("module")[f"dflash.lifecycle.{module}"]
+    assert "EXAMPLES" in page and "RETURN VALUES" in page
 
 
 def test_awx_survey_variables_are_consumed():
@@ -41,17 +62,11 @@ def test_awx_survey_variables_are_consumed():
         assert template["ask_limit_on_launch"] is True
 
 
-@pytest.mark.parametrize("kind,name", [("filter", "dflash_argv"), ("filter", "dflash_gpus_needed"),
-                                       ("filter", "dflash_launcher_env"),
-                                       ("filter", "dflash_env_pairs"), ("filter", "redeploy_summary"),
-                                       ("filter", "redeploy_report"), ("filter", "gang_plan"),
-                                       ("filter", "gang_launcher_options"), ("filter", "gang_barrier"),
-                                       ("filter", "gang_throughput"), ("filter", "gang_report"), ("filter", "gang_stop_report"),
-                                       ("lookup", "lock_holder"), ("inventory", "pve_cluster")])
+@pytest.mark.parametrize("kind,name", [(kind, name) for kind in ("filter", "lookup", "inventory")
+                                       for name in PLUGINS[kind]])
 def test_ansible_doc_renders_the_filters_the_lookup_and_the_inventory_source(kind, name):
-    res = run_tool([os.path.join(BIN, "ansible-doc"), "-t", kind, f"dflash.lifecycle.{name}"], check=False)
-    assert res.returncode == 0 and "UNDOCUMENTED" not in res.stdout and not res.stderr.strip(), res.stdout + res.stderr
-    assert "EXAMPLES" in res.stdout
+    page = rendered(kind)[f"dflash.lifecycle.{name}"]
+    assert "UNDOCUMENTED" not in page and "EXAMPLES" in page
 
 
 def test_test_file_names_are_unique():
@@ -62,14 +77,25 @@ def test_test_file_names_are_unique():
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
 
 
-def test_a_ct_that_runs_alone_has_no_gang_task_and_a_gang_has_them_all():
+def test_a_ct_that_runs_alone_has_no_gang_task_and_a_gang_has_them_all(tmp_path):
     """redeploy.yml's two plays (playbooks/redeploy/tasks.yml): a CT without trainer_run_gang
-    runs no barrier, no signal moment, no gang read and no gang report; a gang's CT runs each."""
+    runs no barrier, no signal moment, no gang read and no gang report; a gang's CT runs each.
+    The gangs' play includes the tasks (a job without a gang never parses them twice), so its
+    tasks are listed from a playbook that imports them with that play's variables."""
     inventory = os.path.join(REPO, "inventory", "testbed")
     res = run_tool([os.path.join(BIN, "ansible-playbook"), "-i", inventory, "redeploy.yml", "--list-tasks"])
-    alone, _, gangs = res.stdout.partition("play #2")
-    assert "play #1 (dflash_trainers:!dflash_gangs)" in alone and "(dflash_trainers:&dflash_gangs)" in gangs
+    alone, _, gangs_play = res.stdout.partition("play #2")
+    assert "play #1 (dflash_trainers:!dflash_gangs)" in alone and "(dflash_trainers:&dflash_gangs)" in gangs_play
     assert "gang" not in alone.split("TAGS: []", 1)[1].lower(), alone
-    assert gangs.count("Hold the gang together") == 6 and "signalled together" in gangs
-    assert "Read whether a gang's run still runs" in gangs
     assert "Stop the trainer in stages" in alone and "Start the trainer and wait until it is healthy" in alone
+    with open(os.path.join(REPO, "redeploy.yml"), encoding="utf-8") as handle:
+        plays = yaml.safe_load(handle)
+    (include,) = plays[1]["tasks"]
+    assert include["ansible.builtin.include_tasks"] == "playbooks/redeploy/tasks.yml" and "always" in include["tags"]
+    listing = tmp_path / "gang_play.yml"
+    listing.write_text(yaml.safe_dump([dict(plays[1], tasks=[{
+        "ansible.builtin.import_tasks": os.path.join(REPO, include["ansible.builtin.include_tasks"])}])]))
+    gangs = run_tool([os.path.join(BIN, "ansible-playbook"), "-i", inventory, str(listing), "--list-tasks"]).stdout
+    assert gangs.count("Hold the gang together") == 6 and "signalled together" in gangs, gangs
+    assert "Read whether a gang's run still runs" in gangs
+    assert "Stop the trainer in stages" in gangs and "Start the trainer and wait until it is healthy" in gangs

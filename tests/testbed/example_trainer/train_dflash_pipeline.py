@@ -32,6 +32,8 @@ Test-only misbehaviour switches (environment variables; never set in production)
   DFLASH_TEST_SAVE_PAUSE_SECONDS=N    a save pauses N s after its first file (a quiet gap)
   DFLASH_TEST_SLOW_SAVES=WHICH        the saves the two switches above slow: all (default),
                                       interval (the periodic ones) or interrupt (the handler's)
+  DFLASH_TEST_SAVE_HELD_BY=PATH       a slowed step_dirs save goes on writing until PATH exists
+                                      (at most 300 s more): the test decides when it lands
   DFLASH_TEST_CHECKPOINT_LAYOUT=NAME  save, resume and meet signals as that framework does
                                       (checkpoint_layouts.py: hf_trainer, lightning,
                                       deepspeed, dcp, specforge_scripts, specforge), writing
@@ -45,6 +47,7 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       that step would rewrite it in place)
   DFLASH_TEST_SETSID_HELPER=1         start a helper with `setsid -f` (its own session,
                                       reparented to PID 1) that holds GPU 0 until killed
+  DFLASH_TEST_STOP_REQUEST=take      take the stop request (below); =ignore: announce it, never take it
   DFLASH_TEST_RANK0_SAVES_ALONE=1     under a launcher, rank 0 saves on an interrupt and the
                                       other ranks exit at once, as `if dist.get_rank() == 0:
                                       save(...)` trainers do (no barrier for its save)
@@ -56,6 +59,13 @@ sees of a real run. The ranks agree every step, in one all_reduce, on the tokens
 logged tok/s is the whole run's) and on whether a rank got its stop signal (accelerate's
 set_trigger/check_trigger): all of them, on every node, end at the same step, and a rank that
 died ends the others at their next step with gloo's error.
+
+The stop request (README "The stop request"): like the field's trainer, this one knows only
+signals, unless DFLASH_TEST_STOP_REQUEST says otherwise; then, with DFLASH_STOP_REQUEST set (the
+launch sets it), it takes a request through dflash_stop_request.py beside it (every 10 steps, or
+DFLASH_STOP_REQUEST_EVERY; the ranks of a distributed run agree on the step), saves, and exits 0. With the hf_trainer layout
+the request goes through a TrainerCallback's control flags (should_save, should_training_stop) in
+the order HF's Trainer acts on them.
 
 Other environment: DFLASH_PROFILE_INTERVAL (default for --profile-interval),
 DFLASH_STEP_SECONDS (minimum wall time of a step, default 0.05, keeps the CPU cool).
@@ -279,8 +289,15 @@ def save_checkpoint(output_dir, model, state, reason):
     slow = float(os.environ.get("DFLASH_TEST_SLOW_CHECKPOINT_SECONDS", "0")) if paced else 0.0
     if slow > 0:  # test switch: a big optimizer state written slowly
         deadline = time.monotonic() + slow
+        held_by = os.environ.get("DFLASH_TEST_SAVE_HELD_BY")
+        held_until = deadline + 300
+
+        def writing():
+            now = time.monotonic()
+            return now < deadline or (held_by and not os.path.exists(held_by) and now < held_until)
+
         with open(os.path.join(tmp, "optimizer.bin"), "wb") as handle:
-            while time.monotonic() < deadline:
+            while writing():
                 handle.write(b"\0" * 65536)
                 handle.flush()
                 time.sleep(0.05)
@@ -456,6 +473,53 @@ class Checkpointer:
         return path, state
 
 
+class HFControl:
+    """transformers' TrainerControl: the flags a callback sets and the Trainer acts on."""
+
+    def __init__(self):
+        self.should_save = False
+        self.should_training_stop = False
+
+
+class StopRequestCallback:
+    """The README's TrainerCallback example (its base class is transformers.TrainerCallback)."""
+
+    def __init__(self, requests):
+        self.requests = requests
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requests.should_stop(state["step"]):
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.requests.request is not None:
+            self.requests.saved(kwargs["checkpoint"], state["step"])
+        return control
+
+
+def asked_to_stop(requests, state, checkpointer, model, saved_now):
+    """The stop request at this step boundary: True once its checkpoint is saved (rank 0) and
+    every rank may exit. A checkpoint saved at this step already is the request's. With the
+    hf_trainer layout, through StopRequestCallback in the order of HF's Trainer (on_step_end,
+    then the save when should_save, then on_save, then the stop when should_training_stop)."""
+    if checkpointer.layout is not None and checkpointer.layout.name == "hf_trainer":
+        control, callback = HFControl(), StopRequestCallback(requests)
+        callback.on_step_end(None, state, control)
+        if control.should_save:
+            path = saved_now or checkpointer.save(model, state, "request")
+            if path:
+                callback.on_save(None, state, control, checkpoint=path)
+        return control.should_training_stop
+    if not requests.should_stop(state["step"]):
+        return False
+    path = saved_now or checkpointer.save(model, state, "request")
+    if path:
+        requests.saved(path, state["step"])
+    return True
+
+
 def block_in_c(seconds, calibration):
     """One long C-level call (think NCCL all-reduce): Python signal handlers wait."""
     if seconds > 0:
@@ -490,8 +554,9 @@ def train(args):
             log("resume requested, no checkpoint yet: starting from scratch")
     corpus = load_corpus(args.data_dir)
     rng = random.Random(state["step"])
-    seq_len = min(args.max_seq_len, 64)
-    batch_size = max(1, min(args.max_batch_size, args.token_budget // max(seq_len, 1), 4))
+    # one short sequence a step: a toy step's pure-Python work is what the testbed's many trainers
+    # cost the CPUs that their stops and redeploys share (0.4 ms a step, against 0.9 ms for four)
+    seq_len = min(args.max_seq_len, 16)
     step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS)) * RELEASE_SLOWDOWN
     block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
     calibration = calibrate_c_call() if block_seconds > 0 else 0.0
@@ -500,6 +565,12 @@ def train(args):
     if env.get("DFLASH_TEST_SETSID_HELPER") == "1":
         start_setsid_helper()
     crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"
+    requests = None
+    if env.get("DFLASH_TEST_STOP_REQUEST") in ("take", "ignore"):
+        from dflash_stop_request import StopRequest  # beside this file in the release
+
+        requests = StopRequest(every_steps=int(env.get("DFLASH_STOP_REQUEST_EVERY", "10")))
+    takes_requests = env.get("DFLASH_TEST_STOP_REQUEST") == "take"
     interval_saves_left = int(env.get("DFLASH_TEST_INTERVAL_SAVES", "-1"))  # -1: no end
     total_steps = args.epochs * args.steps_per_epoch
     warmup = max(1, int(total_steps * args.warmup_ratio))
@@ -509,10 +580,8 @@ def train(args):
     try:
         while state["step"] < total_steps:
             began = time.perf_counter()
-            batch = []
-            for _ in range(batch_size):
-                start = rng.randrange(0, max(1, len(corpus) - seq_len))
-                batch.append(corpus[start:start + seq_len])
+            start = rng.randrange(0, max(1, len(corpus) - seq_len))
+            batch = [corpus[start:start + seq_len]]
             t_data = time.perf_counter()
             block_in_c(block_seconds, calibration)
             t_target = time.perf_counter()
@@ -525,9 +594,15 @@ def train(args):
             state["tokens"] += tokens
             window_tokens += run_tokens
             window_steps += 1
+            saved_now = None
             if args.save_interval and state["step"] % args.save_interval == 0 and interval_saves_left:
-                checkpointer.save(model, state, "interval")
+                saved_now = checkpointer.save(model, state, "interval")
                 interval_saves_left -= 1
+            if takes_requests and asked_to_stop(requests, state, checkpointer, model, saved_now):
+                checkpointer.ranks.barrier()  # the other ranks wait for rank 0's save
+                stop_workers(workers)
+                log(f"stop request at step {state['step']}: checkpoint saved, exiting")
+                return 0
             t_optim = time.perf_counter()
             spare = step_seconds - (time.perf_counter() - began)
             if spare > 0:  # the wait of a step is the target model's forward here

@@ -60,6 +60,10 @@ class ActionModule(ActionBase):
                         if "trainer_launch_shutdown_timeout" in task_vars else 900, gpus,
                         self._value(task_vars, "trainer_stop_graceful_wait_cap")
                         if "trainer_stop_graceful_wait_cap" in task_vars else 900)
+                    if "trainer_run_stop_request_path" in task_vars:
+                        run_settings.stop_request_path_checked(
+                            self._value(task_vars, "trainer_run_stop_request_path"),
+                            self._value(task_vars, "trainer_run_dir") if "trainer_run_dir" in task_vars else None)
                     if "trainer_run_gang" in task_vars and self._value(task_vars, "trainer_run_gang"):
                         names = list(gang.IDENTITY)
                         values = {n: self._value(task_vars, n) for n in names + gang.agreed_names(task_vars)

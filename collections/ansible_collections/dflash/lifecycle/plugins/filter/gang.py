@@ -96,7 +96,8 @@ def gang_report(host, hostvars, groups, holder="", check_mode=False):
     summaries = {m: _var(hostvars, m, "redeploy_ct_summary") or {} for m in plan["members"]}
     stops = {m: _var(hostvars, m, "rescue_first_stop") or _var(hostvars, m, "trainer_stop_result")
              for m in plan["members"]}
-    return gangs.report(plan, summaries, stops, bool(check_mode))
+    return gangs.report(plan, summaries, stops, bool(check_mode), _var(hostvars, host, "rescue_first_margin")
+                        or _var(hostvars, host, "trainer_stop_signal_margin"))
 
 
 def gang_relaunchable(host, hostvars, groups):
@@ -111,7 +112,8 @@ def gang_relaunchable(host, hostvars, groups):
 def gang_stop_report(host, hostvars, groups):
     """The gang's stop in a line (plugin_utils/gang.py stop_report), from each member's stop result."""
     plan = gang_plan(host, hostvars, groups)
-    return gangs.stop_report(plan, {m: _var(hostvars, m, "trainer_stop_result") for m in plan["members"]})
+    return gangs.stop_report(plan, {m: _var(hostvars, m, "trainer_stop_result") for m in plan["members"]},
+                             _var(hostvars, host, "trainer_stop_signal_margin"))
 
 
 class FilterModule:

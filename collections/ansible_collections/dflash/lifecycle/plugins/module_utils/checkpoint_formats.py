@@ -373,7 +373,7 @@ class InvalidLayout(ValueError):
 
 LAYOUTS = (StepDirs(), HFTrainer(), Lightning(), DeepSpeed(), DCP(), SpecForgeScripts(), SpecForge())
 NAMES = ("auto",) + tuple(layout.name for layout in LAYOUTS) + ("custom",)
-SAVES_ON = ("auto", "SIGINT", "SIGTERM", "none")
+SAVES_ON = ("auto", "request", "SIGINT", "SIGTERM", "none")
 # the options of every module that reads a checkpoint directory (doc fragment
 # dflash.lifecycle.checkpoint_format)
 ARGUMENT_SPEC = {
@@ -439,12 +439,15 @@ def recognise(directory, held=None):
 def saves_on(setting, chosen):
     """(signals the trainer saves on, signals a save in progress survives, words) from the
     trainer_run_saves_on setting and the layout; (None, None, words) when unknown."""
-    if setting and setting != "auto":
+    if setting and setting not in ("auto", "request"):
         signals = frozenset() if setting == "none" else frozenset({signal.Signals[setting]})
         survives = signals | (chosen.save_survives if chosen else frozenset())
         return signals, survives, f"saves_on={setting}"
+    # saves_on=request: the stop request comes first (module_utils/stop_request.py); the signals
+    # after a request not taken are the layout's
+    setting = setting or "auto"
     if chosen is None:
-        return None, None, "saves_on=auto, and the checkpoint layout is not known yet"
+        return None, None, f"saves_on={setting}, and the checkpoint layout is not known yet"
     words = (f"a {chosen.title} trainer saves on " + "/".join(sorted(s.name for s in chosen.saves_on))
              if chosen.saves_on else f"a {chosen.title} trainer saves nothing on a signal")
-    return chosen.saves_on, chosen.saves_on | chosen.save_survives, f"saves_on=auto: {words}"
+    return chosen.saves_on, chosen.saves_on | chosen.save_survives, f"saves_on={setting}: {words}"

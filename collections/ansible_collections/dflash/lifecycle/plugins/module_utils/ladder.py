@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, proctable, target_set
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, proctable, stop_request, target_set
 
 NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
 # where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
@@ -178,7 +178,8 @@ class Climb:
             if stage["scope"] != "main" or through_launcher:
                 self.refresh()
             if first:
-                self.wait_for_moment(stage)
+                if "signalled_at" not in self.result:  # a request before took the moment
+                    self.wait_for_moment(name)
                 first = False
             if through_launcher:
                 stopped = self.through_launcher(stage, index)
@@ -251,14 +252,77 @@ class Climb:
                 return {"stage": index, "signal": name, "scope": "agent" if how == "agent" else "workers"}
         return None
 
-    def wait_for_moment(self, stage):
+    def by_request(self, request):
+        """Stage 0, the stop request (module_utils/stop_request.py): written at the gang's
+        moment, its acknowledgement awaited up to request_ack_timeout, then the run's exit up to
+        graceful_wait_cap (its save, then its exit 0). Returns stopped_by once the run is gone,
+        else None: a request not taken is withdrawn, and the ladder follows."""
+        record = self.result["request"]
+        self.wait_for_moment("the stop request")
+        bound = float(self.options.request_ack_timeout)
+        sending = self.clock()
+        try:
+            record["body"] = request.write(deadline=round(sending[1] + bound, 3))
+        except OSError as err:
+            record.update(taken=False, why=f"it could not be written to {request.path} ({err.strerror})")
+            self.event(event="request_failed", path=request.path, error=err.strerror)
+            return None
+        self.event(sending, event="request", id=request.id, path=request.path)
+        began = time.monotonic()
+        while request.acknowledged is None and time.monotonic() - began < bound and \
+                proctable.alive(self.main.identity, self.targets.proc_root):
+            self.progress(stage=0, signal="none (a stop request, waiting for its acknowledgement)",
+                          elapsed=round(time.monotonic() - began, 1), bound=bound, running=len(self.targets.alive()))
+            time.sleep(stop_request.POLL)
+            request.poll()
+        request.poll()
+        if request.acknowledged is None and self.targets.alive():
+            request.withdraw()
+            record.update(taken=False, why=f"no acknowledgement in {request.log_path} within {bound:g}s "
+                                           "(request_ack_timeout)")
+            self.event(event="request_not_taken", id=request.id, waited=round(time.monotonic() - began, 3))
+            return None
+        if request.acknowledged is not None:
+            record["acknowledged"] = request.acknowledged
+            self.event(event="request_acknowledged",
+                       id=request.acknowledged["id"], step=request.acknowledged["step"])
+        cap = float(self.options.graceful_wait_cap)
+
+        def on_tick(now, final):
+            request.poll()
+            self.progress(stage=0, signal="none (the stop request was acknowledged: the save, then the exit)",
+                          elapsed=round(now - began, 1), bound=cap, running=len(self.targets.alive()))
+            return 0.0
+
+        self.refresh()
+        remaining = self.targets.wait_gone(self.targets.alive(), cap, on_tick=on_tick)
+        request.poll()
+        record.update(taken=request.acknowledged is not None, saved=request.saved)
+        if request.saved is not None:
+            self.event(event="request_saved",
+                       checkpoint=request.saved["checkpoint"], step=request.saved["step"])
+        if remaining:
+            record["why"] = f"the run still ran {cap:g}s (graceful_wait_cap) after the request"
+            self.event(event="request_outlived", waited=round(time.monotonic() - began, 3))
+            return None
+        self.refresh()
+        if self.targets.alive():
+            return None
+        record["exit_after_s"] = round(time.time() - record["body"]["requested_at"], 3)
+        self.event(event="stopped", stage=-1, signal=None)
+        return {"stage": -1, "signal": None, "scope": "request"}
+
+    def wait_for_moment(self, what):
         """Hold the first signal until signal_at (the wall clock's seconds since the epoch), the
         moment every CT of a gang signals its ranks, so they enter their save together; a moment
-        already past sends it now, and how late is recorded. signalled_at is when it went."""
+        already past sends it now, and how late is recorded. signal_spare_s is how long before the
+        moment the stop was ready to signal (negative: after it), against which the gang's margin
+        is judged; signalled_at is when it went."""
         wanted = self.options.signal_at
         if wanted is not None:
+            self.result["signal_spare_s"] = round(wanted - time.time(), 3)
             while time.time() < wanted and proctable.alive(self.main.identity, self.targets.proc_root):
-                self.progress(stage=0, signal=f"{stage['signal'].name} at the gang's moment",
+                self.progress(stage=0, signal=f"{what} at the gang's moment",
                               elapsed=round(time.monotonic() - self.started, 1),
                               bound=round(wanted - time.time(), 1), running=len(self.targets.alive()))
                 time.sleep(min(0.2, max(0.0, wanted - time.time())))

@@ -63,12 +63,30 @@ def preflight(params):
         check("trainer_script", os.path.isfile(script),
               f"{script}: " + ("present" if os.path.isfile(script) else "missing"),
               "no release is installed: run `make push` (or `make restart`) first")
+    if params.get("stop_request"):
+        stop_request_place(params["stop_request"]["path"], params["stop_request"]["run_dir"], check)
     torch = launcher_support(params["launcher"], check) if params.get("launcher") else None
     layout = checkpoint_layout(params, check)
     return {"checks": checks, "gpu_count": gpus, "checkpoint": layout, "launcher": torch, "model_stage": staged,
             "model_stage_needed": any(p["needed"] for p in staged or ()),
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def stop_request_place(path, run_dir, check):
+    """The stop request's file: a place the stop can write a file into by a rename, before any
+    stop needs it (a missing run directory is created by the launch)."""
+    parent = os.path.dirname(path)
+    if os.path.islink(path) or os.path.isdir(path):
+        ok, found = False, f"{path} is a {'symlink' if os.path.islink(path) else 'directory'}"
+    elif os.path.isdir(parent):
+        ok = os.access(parent, os.W_OK)
+        found = f"{parent} is {'writable' if ok else 'not writable'}"
+    else:
+        ok = parent == run_dir.rstrip("/")
+        found = f"{parent} is missing" + (" (the launch creates it)" if ok else "")
+    check("stop_request_path", ok, found,
+          "" if ok else "trainer_run_stop_request_path: the stop could not write its request there")
 
 
 def staging_plans(wanted, check):

@@ -17,7 +17,7 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
     checkpoint_formats, checkpoint_verdict, checkpoints, detached, ladder, launchers, progress, proctable, rundir,
-    target_set, trainer_finding)
+    stop_request, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
 
 
@@ -110,11 +110,15 @@ def run(options, proc_root="/proc", check_mode=False):
         if result["graceful_stage"] != 0:
             result["notes"].append(result["graceful_reason"])
         climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress_file, launch)
+        request = _request(options, main, launch, result)
         if check_mode:
             return _check_report(options, result, directory, before, main)
-        if not result["graceful_possible"]:
-            _no_graceful(options, directory, before, main, result, climb)
-        result["stopped_by"] = climb.run()
+        if request is not None:
+            result["stopped_by"] = climb.by_request(request)
+        if result["stopped_by"] is None:
+            if not result["graceful_possible"]:
+                _no_graceful(options, directory, before, main, result, climb)
+            result["stopped_by"] = climb.run()
         return _verify(options, directory, before, targets, result, main, started)
     finally:
         targets.close()
@@ -142,6 +146,31 @@ def run_in_module(options, check_mode=False):
         return {"failed": True, "msg": f"detach_dir: {err}"}
     result["adopted"] = adopted
     return result
+
+
+def _request(options, main, launch, result):
+    """Stage 0, the stop request: a Request to write (result["request"] says why), or None when
+    the ladder's signals come first. saves_on=auto asks a run that announced it honours requests;
+    saves_on=request asks any run, and says so when it never announced it."""
+    if options.saves_on not in ("auto", "request"):
+        return None
+    pids = [main.pid] + [p.pid for p in (launch.workers if launch is not None else [])]
+    path, source = stop_request.path_of(pids, options.request_path)
+    if path is None:
+        if options.saves_on == "request":
+            result["request"] = {"taken": False, "why": "no request path: neither the trainer's environment "
+                                 f"({stop_request.ENVIRONMENT}) nor request_path names one"}
+        return None
+    log_path = (result.get("log") or {}).get("path")
+    honoured, words = stop_request.announced(log_path, pids)
+    if not honoured and (options.saves_on == "auto" or not log_path):
+        if options.saves_on == "request":
+            result["request"] = {"path": path, "taken": False, "why": words}
+        return None
+    result["request"] = {"path": path, "path_from": source, "announced": honoured, "words": words, "taken": None}
+    if not honoured:
+        result["notes"].append(f"saves_on=request, but {words}: the request is made all the same")
+    return stop_request.Request(path, log_path)
 
 
 def _names(signals):
@@ -180,8 +209,13 @@ def _check_report(options, result, directory, before, main):
     result["stopped"] = False
     if directory.path:
         result["checkpoint"] = directory.report(before)
+    request = result.get("request") or {}
     result["msg"] = (f"would stop PID {main.pid} and {len(result['targets']) - 1} more "
-                     f"with {' -> '.join(s['signal'].name for s in options.stages)}")
+                     + (f"with the stop request at {request['path']} ({request['words']}), then, if it is not "
+                        "taken within request_ack_timeout, " if request.get("taken") is None and request else "with ")
+                     + " -> ".join(s["signal"].name for s in options.stages))
+    if request.get("taken") is False:
+        result["msg"] += f"; no stop request: {request['why']}"
     if result["other_gpu_holders"]:
         result["msg"] += f"; would leave {_others(result)}"
     if not result["graceful_possible"]:
@@ -218,7 +252,7 @@ def _verify(options, directory, before, targets, result, main, started):
     result["stopped"] = not survivors
     ckpt = result["checkpoint"] or {}
     if ckpt.get("new"):
-        ckpt["new_by"], ckpt["new_by_signal"] = _produced_by(result, ckpt["new_completed_at"])
+        ckpt["new_by"], ckpt["new_by_signal"] = _produced_by(result, ckpt["new"], ckpt["new_completed_at"])
     # a checkpoint completed after the first signal, by a trainer that then exited, is its answer
     answered = not survivors and ckpt.get("written") and result.get("signalled_at") is not None
     result["loss"] = directory.loss(answered_at=result["signalled_at"] if answered else None)
@@ -240,21 +274,28 @@ def _verify(options, directory, before, targets, result, main, started):
         raise StopFailed(f"{len(survivors)} process(es) survived the last stage: {states}. "
                          + result["msg"], result)
     saved = (result["checkpoint"] or {}).get("written")
-    expected = result["graceful_possible"] and options.on_missing_checkpoint == "fail"
+    answered_request = bool((result.get("request") or {}).get("taken"))
+    expected = (result["graceful_possible"] or answered_request) and options.on_missing_checkpoint == "fail"
     if directory.path and not saved and (options.require_checkpoint or expected):
         raise StopFailed(_no_checkpoint(result, expected), result)
     return result
 
 
-def _produced_by(result, completed_at):
-    """(words, signal or None): what made the new checkpoint. The last signal sent before it
-    completed (the file system's clock is a few ms coarse), else the wait for the trainer's own
-    save, else a save of its own before any signal."""
-    sent = [e for e in result["timeline"] if e["event"] == "signal" and e["at"] <= completed_at + 0.01]
+def _produced_by(result, path, completed_at):
+    """(words, signal or None): what made the new checkpoint at path. The stop's own order of
+    events first: a checkpoint it saw land before it sent anything is the trainer's own save,
+    whatever the file system's coarse clock says. Else the last signal sent before it completed
+    (that clock is a few ms coarse), else a save of its own before any signal."""
+    timeline = result["timeline"]
+    sent = [e for e in timeline if e["event"] in ("signal", "request")]
+    landed = [e for e in timeline if e["event"] == "checkpoint_landed" and e["path"] == path]
+    if landed and not any(e["t"] <= landed[0]["t"] for e in sent):
+        return "the trainer's own save, which the stop waited for", None
+    sent = [e for e in sent if e["at"] <= completed_at + 0.01]
+    if sent and sent[-1]["event"] == "request":
+        return "completed after the stop request", None
     if sent:
         return f"completed after {sent[-1]['signal']}, stage {sent[-1]['stage'] + 1}", sent[-1]["signal"]
-    if any(e["event"] == "checkpoint_landed" for e in result["timeline"]):
-        return "the trainer's own save, which the stop waited for", None
     return "the trainer's own save, completed before any signal", None
 
 
@@ -287,9 +328,21 @@ def _no_checkpoint(result, expected):
         text += f" ({ckpt['format_reason']}: set checkpoint_format.)"
     text += " No trainer is running."
     if expected:
-        text += (f" ({result['graceful_reason']}, so a checkpoint was expected; "
-                 "on_missing_checkpoint=proceed accepts the loss.)")
+        why = "the trainer acknowledged the stop request" if (result.get("request") or {}).get("taken") \
+            else result["graceful_reason"]
+        text += f" ({why}, so a checkpoint was expected; on_missing_checkpoint=proceed accepts the loss.)"
     return text + " " + result["msg"]
+
+
+def _request_words(result):
+    """The request's id, its acknowledgement's step, and its time to the exit."""
+    request = result["request"]
+    ack = request.get("acknowledged")
+    words = f"request {request['body']['id']}"
+    words += (f", acknowledged at step {ack['step']}" if ack else ", exited without an acknowledgement")
+    if request.get("saved"):
+        words += f", saved {request['saved']['checkpoint']}"
+    return words + f", exited {request['exit_after_s']}s after the request"
 
 
 def _others(result):
@@ -324,6 +377,8 @@ def _summary(result, main_pid, started):
         head_words = None
     if result["survivors"]:
         head = f"PID {main_pid} NOT stopped after {took}s"
+    elif result["stopped_by"] and result["stopped_by"]["scope"] == "request":
+        head = f"stopped PID {main_pid} by the stop request in {took}s, no signal sent ({_request_words(result)})"
     elif result["stopped_by"]:
         by = result["stopped_by"]
         head = f"stopped PID {main_pid} at stage {by['stage'] + 1} ({by['signal']}) in {took}s"
@@ -333,8 +388,13 @@ def _summary(result, main_pid, started):
     if ckpt is not None:
         head += _checkpoint_words(ckpt)
     loss = result["loss"]
+    request = result.get("request") or {}
+    if request.get("taken") is False:
+        head += f"; the stop request was not taken: {request['why']}" + (
+            ", and the signal ladder followed" if result["stopped_by"] else "")
     if loss["saved_on_stop"]:
-        head += f"; 0 steps lost (the trainer saved on {ckpt.get('new_by_signal') or 'its own'} and exited)"
+        by = "the stop request" if request.get("taken") else ckpt.get("new_by_signal") or "its own"
+        head += f"; 0 steps lost (the trainer saved on {by} and exited)"
     elif loss["ahead_of_log"] is not None:
         head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
                  f"of the log (step {loss['last_logged_step']}): steps lost not known")

@@ -63,6 +63,8 @@ ARGUMENT_SPEC = {
     "py_spy": {"type": "path"},
     "py_spy_timeout": {"type": "float", "default": 10},
     "signal_at": {"type": "float"},
+    "request_path": {"type": "path"},
+    "request_ack_timeout": {"type": "float", "default": 30},
     "detach": {"type": "bool", "default": False},
     "detach_dir": {"type": "path", "default": "/run/dflash"},
     "progress_file": {"type": "path"},

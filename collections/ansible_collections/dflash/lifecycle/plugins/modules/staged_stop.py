@@ -142,16 +142,20 @@ options:
     default: --output-dir
   saves_on:
     description:
-      - The signal on which the trainer writes a checkpoint - V(SIGINT) (an C(except
-        KeyboardInterrupt:) that saves, as the field's DFlash trainer has), V(SIGTERM) (a SIGTERM
-        handler that saves, such as HF's C(enable_jit_checkpoint)), V(none), or V(auto) - what its
-        checkpoint layout is known to do (V(step_dirs) saves on SIGINT; HF Trainer, Lightning,
-        DeepSpeed, DCP and SpecForge save on none). With V(auto) and no layout known yet it is not
-        known, and no stage counts as graceful.
+      - What makes the trainer write a checkpoint and exit - V(request) (the stop request, see
+        O(request_path)), or the signal it saves on - V(SIGINT) (an C(except KeyboardInterrupt:)
+        that saves, as the field's DFlash trainer has), V(SIGTERM) (a SIGTERM handler that saves,
+        such as HF's C(enable_jit_checkpoint)), V(none); or V(auto) - the stop request when a
+        process of the run announced in its log that it honours it, else what its checkpoint
+        layout is known to do (V(step_dirs) saves on SIGINT; HF Trainer, Lightning, DeepSpeed, DCP
+        and SpecForge save on none). With no layout known yet the signal it saves on is not known,
+        and no stage counts as graceful.
+      - V(request) asks a trainer that never announced it too, and says so; the signals after a
+        request not taken are those of V(auto).
       - With no stage that saves, O(no_graceful) decides (the default waits for the next periodic
         checkpoint to be complete, then stops).
     type: str
-    choices: [auto, SIGINT, SIGTERM, none]
+    choices: [auto, request, SIGINT, SIGTERM, none]
     default: auto
   checkpoint_temp_patterns:
     description:
@@ -241,6 +245,21 @@ options:
         their save together. A moment already past sends the signal at once (RV(signal_late_s)
         says by how much).
     type: float
+  request_path:
+    description:
+      - The stop request's file, when the running trainer's environment does not name one in
+        C(DFLASH_STOP_REQUEST) (that one wins - it is the file the trainer watches).
+      - 'The request is stage 0, before any signal - one JSON object C({"id", "requested_at",
+        "deadline"}) renamed into place (at O(signal_at) in a gang). The trainer logs
+        C(dflash-stop-request: acknowledged id=ID step=N) at its next step boundary, saves, logs
+        C(dflash-stop-request: saved id=ID step=N checkpoint=PATH), and exits 0. No
+        acknowledgement within O(request_ack_timeout) - the request is withdrawn and the signal
+        ladder follows; the exit is awaited up to O(graceful_wait_cap).'
+    type: path
+  request_ack_timeout:
+    description: Seconds the stop waits for the acknowledgement of its request.
+    type: float
+    default: 30
   detach:
     description:
       - Run the stop in a detached process inside the target (own session, stdio on /dev/null)
@@ -346,10 +365,21 @@ stopped:
   returned: always
   type: bool
 stopped_by:
-  description: The stage that ended the last process, or null when nothing ran.
+  description:
+    - The stage that ended the last process, or null when nothing ran.
+    - Stage -1, no signal and scope C(request) when the run ended on the stop request.
   returned: always
   type: dict
   sample: {stage: 0, signal: SIGINT, scope: main}
+request:
+  description:
+    - The stop request - C(path) and where it was read (C(path_from)), whether the run
+      C(announced) it honours requests, the C(body) written, its C(acknowledged) id and step, the
+      checkpoint the trainer C(saved), C(taken) (null in check mode), C(exit_after_s) from the
+      request to the run's end, and C(why) when it was not taken.
+  returned: when O(saves_on) is V(request), or V(auto) and the run announced it honours requests
+  type: dict
+  sample: {path: /run/dflash/stop-request, taken: true, acknowledged: {id: 3f2a9c1e0b7d, step: 1234}, exit_after_s: 4.2}
 signalled_at:
   description: When the first signal was sent (seconds since the epoch, the node's clock); the skew of a gang's stop is the spread of its CTs' moments.
   returned: when a signal was sent
@@ -358,13 +388,22 @@ signal_late_s:
   description: How long after O(signal_at) the first signal went (0 when on time).
   returned: when O(signal_at) was set and a signal was sent
   type: float
+signal_spare_s:
+  description:
+    - How long before O(signal_at) the stop was ready to send its first signal, its checks done
+      and any save being written waited out; negative when it was ready only after the moment.
+    - A gang's report judges the margin before its moment by the smallest over its CTs.
+  returned: when O(signal_at) was set and a signal was sent
+  type: float
 timeline:
   description:
     - Events in order. C(t) is the monotonic clock, C(elapsed) seconds since the module started,
       C(at) the wall clock (seconds since the epoch, to compare with file times).
     - Events are C(signal) (with the PIDs it reached), C(skipped), C(waited_for_save) (the first
       signal held while a save was written), C(checkpoint_landed), C(wait_extended), C(held) and
-      C(released) (a launcher's agent held while its workers saved), C(elastic_restart) and C(stopped).
+      C(released) (a launcher's agent held while its workers saved), C(elastic_restart), the stop
+      request's C(request), C(request_acknowledged), C(request_saved), C(request_not_taken),
+      C(request_failed) and C(request_outlived), and C(stopped) (stage -1 - by the request).
   returned: always
   type: list
   elements: dict

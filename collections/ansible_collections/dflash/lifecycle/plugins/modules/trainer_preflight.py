@@ -50,6 +50,21 @@ options:
   trainer_script:
     description: The trainer script a launch would run; missing means no release is installed.
     type: path
+  stop_request:
+    description:
+      - The stop request's file the launch gives the run - its directory must be one the stop can
+        write (missing, only the run directory, which the launch creates), the path itself no
+        directory or symlink.
+    type: dict
+    suboptions:
+      path:
+        description: The file (C(trainer_run_stop_request_path)).
+        type: path
+        required: true
+      run_dir:
+        description: The run directory (C(trainer_run_dir)).
+        type: path
+        required: true
   launcher:
     description:
       - The launcher the run starts with - checks that O(launcher.python) has torch (and accelerate or
@@ -333,6 +348,10 @@ def main():
             **checkpoint_formats.ARGUMENT_SPEC,
             "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},
             "trainer_script": {"type": "path"},
+            "stop_request": {"type": "dict", "options": {
+                "path": {"type": "path", "required": True},
+                "run_dir": {"type": "path", "required": True},
+            }},
             "launcher": {"type": "dict", "options": {
                 "name": {"type": "str", "required": True, "choices": ["torchrun", "accelerate", "deepspeed"]},
                 "python": {"type": "str", "required": True},

@@ -338,31 +338,55 @@ def _step_of(results, name):
 
 
 def skew(results):
-    """The stop's signals over the gang: {skew_ms, first, order [(host, offset ms)]}, from the
-    wall-clock moment each CT's stop sent its first signal (the nodes' clocks: NTP keeps them
-    within milliseconds); None when fewer than two sent one."""
-    sent = {h: r.get("signalled_at") for h, r in results.items() if isinstance(r, dict) and r.get("signalled_at")}
-    if len(sent) < 2:
+    """The stop's signals over the gang: {skew_ms, first, order [(host, offset ms)], spare [host,
+    s] or None}, from the wall-clock moment each CT's stop sent its first signal (the nodes'
+    clocks: NTP keeps them within milliseconds), and the CT that was ready the least time before
+    the gang's moment; None when fewer than two sent one."""
+    stops = {h: r for h, r in results.items() if isinstance(r, dict) and r.get("signalled_at")}
+    if len(stops) < 2:
         return None
-    order = sorted(sent.items(), key=lambda item: item[1])
+    order = sorted(((h, r["signalled_at"]) for h, r in stops.items()), key=lambda item: item[1])
     start = order[0][1]
+    spares = [(h, r["signal_spare_s"]) for h, r in stops.items() if r.get("signal_spare_s") is not None]
+    # a stop request taken: the step at which each CT's ranks acknowledged it
+    steps = {h: ((r.get("request") or {}).get("acknowledged") or {}).get("step") for h, r in stops.items()}
     return {"skew_ms": round((order[-1][1] - start) * 1000, 1), "first": order[0][0],
-            "order": [[h, round((t - start) * 1000, 1)] for h, t in order]}
+            "order": [[h, round((t - start) * 1000, 1)] for h, t in order],
+            "spare": list(min(spares, key=lambda item: item[1])) if spares else None,
+            "by_request": all((r.get("stopped_by") or {}).get("scope") == "request" for r in stops.values()),
+            "steps": {h: step for h, step in sorted(steps.items()) if step is not None}}
 
 
-def _skew_words(spread):
+def _skew_words(spread, margin=None):
+    """The skew, and the margin left before the gang's moment against the time the slowest CT
+    needed (margin: signal_moment's {margin_s, measured_s}, measured_s None when it was set)."""
     if not spread:
         return "stop skew not known (fewer than two CTs sent a signal)"
-    return f"stop signalled together (skew {spread['skew_ms']} ms, {spread['first']} first)"
+    how = "requested" if spread.get("by_request") else "signalled"
+    words = f"stop {how} together (skew {spread['skew_ms']} ms, {spread['first']} first"
+    steps = spread.get("steps") or {}
+    if len(set(steps.values())) == 1:
+        words += f"; the ranks of every CT stopped at step {next(iter(steps.values()))}"
+    elif steps:
+        words += "; the ranks stopped at DIFFERENT steps: " + ", ".join(f"{h} {step}" for h, step in steps.items())
+    if margin and margin.get("margin_s") is not None:
+        words += f"; margin {margin['margin_s']} s, " + (
+            "redeploy_gang_signal_margin" if margin.get("measured_s") is None
+            else f"1.25x the measured start of the stop, {margin['measured_s']} s")
+        if spread.get("spare"):
+            host, spare = spread["spare"]
+            words += (f", the slowest CT ({host}) ready {spare} s before the moment" if spare >= 0
+                      else f", {host} ready only {-spare} s after the moment (its signal went late)")
+    return words + ")"
 
 
-def stop_report(gang, stops):
+def stop_report(gang, stops, margin=None):
     """A gang's stop in one line (playbooks/stop.yml; each CT's own stop has its line): the skew,
     each CT's first signal against the first one's, the gang's one checkpoint (gang_checkpoint),
     and the CTs whose own stop ended before it was complete (the barrier after the stop has
-    proved that every CT sees it). stops: {member: its stop result}."""
+    proved that every CT sees it). stops: {member: its stop result}; margin: as _skew_words."""
     spread = skew(stops)
-    line = f"gang {gang['name']} ({gang['size']} CTs): {_skew_words(spread)}"
+    line = f"gang {gang['name']} ({gang['size']} CTs): {_skew_words(spread, margin)}"
     if spread:
         line += " (" + ", ".join(f"{h} +{offset} ms" for h, offset in spread["order"]) + ")"
     missing = [h for h in gang["members"] if not isinstance(stops.get(h), dict)]
@@ -395,11 +419,11 @@ def plan_words(gang):
             "failed launch anywhere rolls every CT back")
 
 
-def report(gang, summaries, stops, check_mode=False):
+def report(gang, summaries, stops, check_mode=False, margin=None):
     """The gang's lines: one for the gang (release, the stop's skew, the checkpoint and the loss,
     the CT whose ranks log and its tok/s, the canary of the gang's throughput), then one per CT (PID, ranks, health);
     in check mode what it would do. summaries: {member: its redeploy summary}; stops: {member:
-    its stop result}."""
+    its stop result}; margin: as _skew_words."""
     members = gang["members"]
     if check_mode:
         return [plan_words(gang)] + [f"  {h}: {summaries.get(h, {}).get('command_line') or 'no command line'}"
@@ -415,7 +439,7 @@ def report(gang, summaries, stops, check_mode=False):
     head = (f"gang {gang['name']} ({gang['size']} CTs, {gang['rendezvous']} rendezvous at {gang['endpoint']}): "
             f"release {', '.join(releases)}")
     if spread or any((s or {}).get("stopped_by") for s in summaries.values()):
-        head += ", " + _skew_words(spread)
+        head += ", " + _skew_words(spread, margin)
     head += f", checkpoint {checkpoint}" if checkpoint else ", NO new checkpoint"
     if lost is not None:
         head += f" ({lost} steps lost)"

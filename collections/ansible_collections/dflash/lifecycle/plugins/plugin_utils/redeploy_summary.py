@@ -81,6 +81,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "running_before": (status or {}).get("current"),
         "rolled_back_to": (restored or {}).get("current") if _ok(restored) else None,
         "stopped_by": (stop or {}).get("stopped_by") if _ok(stop) else None,
+        "request": (stop or {}).get("request") if _ok(stop) else None,
         "stop_seconds": ((stop or {}).get("timeline") or [{}])[-1].get("elapsed") if stopped else None,
         "checkpoint": checkpoint.get("new") if checkpoint.get("written") else None,
         "checkpoint_format": checkpoint.get("format"),
@@ -137,7 +138,15 @@ def _stop_words(stop, data):
     if _failed(stop):
         return "stop failed"
     if data["stopped_by"]:
-        words = f"stopped by {data['stopped_by']['signal']} in {data['stop_seconds']}s, "
+        request = data["request"] or {}
+        if data["stopped_by"]["scope"] == "request":
+            ack = request.get("acknowledged")
+            by = "the stop request" + (f" (taken at step {ack['step']}, no signal sent)" if ack else
+                                       " (no signal sent)")
+        else:
+            by = data["stopped_by"]["signal"] + (
+                f" (the stop request was not taken: {request['why']})" if request.get("taken") is False else "")
+        words = f"stopped by {by} in {data['stop_seconds']}s, "
         words += f"checkpoint {data['checkpoint']}" if data["checkpoint"] else "NO new checkpoint"
         if data["checkpoint_format"]:
             words += f" ({data['checkpoint_format']})"

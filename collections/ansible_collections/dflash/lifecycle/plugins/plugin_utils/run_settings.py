@@ -15,6 +15,7 @@ script quotes each element (``ansible.builtin.quote``).
 from __future__ import annotations
 
 import difflib
+import posixpath
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers
@@ -251,6 +252,20 @@ def launcher_checked(name, options, shutdown_timeout, gpus, graceful_cap=900):
     except launchers.LauncherError as err:
         raise SettingsError(str(err)) from None
     return chosen
+
+
+def stop_request_path_checked(path, run_dir):
+    """trainer_run_stop_request_path: empty, or a file inside trainer_run_dir or /dev/shm - places
+    in the CT that the trainer and the stop both reach and nothing else writes."""
+    if not path:
+        return
+    where = f"trainer_run_stop_request_path: {path}"
+    if not posixpath.isabs(path):
+        raise SettingsError(f"{where} is not an absolute path")
+    normal = posixpath.normpath(path)
+    homes = [posixpath.normpath(run_dir)] if run_dir else []
+    if not any(normal.startswith(home.rstrip("/") + "/") for home in homes + ["/dev/shm"]):
+        raise SettingsError(f"{where} is not inside trainer_run_dir ({run_dir}) or /dev/shm")
 
 
 def launcher_env(name, shutdown_timeout):

@@ -141,3 +141,19 @@ def test_a_launch_deadline_shorter_than_the_graceful_cap_names_its_variable():
     with pytest.raises(AnsibleFilterError, match="trainer_launch_shutdown_timeout: 60 s is shorter than the stop's "
                                                  r"graceful wait cap \(trainer_stop_graceful_wait_cap, 900 s\)"):
         FILTERS["dflash_argv"](SETTINGS, script="/opt/t.py", launcher="torchrun", shutdown_timeout=60, graceful_cap=900)
+
+
+@pytest.mark.parametrize("path,error", [
+    ("", None), ("/run/dflash/stop-request", None), ("/dev/shm/dflash-stop", None),
+    ("run/dflash/stop-request", "is not an absolute path"),
+    ("/run/dflash", "is not inside trainer_run_dir (/run/dflash) or /dev/shm"),
+    ("/run/dflash/../x", "is not inside trainer_run_dir (/run/dflash) or /dev/shm"),
+    ("/tmp/stop-request", "is not inside trainer_run_dir (/run/dflash) or /dev/shm"),
+])
+def test_the_stop_request_path_lies_where_trainer_and_stop_reach_it(path, error):
+    if error is None:
+        run_settings.stop_request_path_checked(path, "/run/dflash")
+        return
+    with pytest.raises(run_settings.SettingsError, match=f"^trainer_run_stop_request_path: {path} {error}".replace(
+            "(", r"\(").replace(")", r"\)")):
+        run_settings.stop_request_path_checked(path, "/run/dflash")

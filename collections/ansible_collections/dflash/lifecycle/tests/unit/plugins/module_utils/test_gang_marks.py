@@ -46,3 +46,21 @@ def test_the_marks_are_no_checkpoint_and_old_jobs_are_forgotten(tmp_path):
 def test_check_mode_writes_no_mark(tmp_path):
     found = preflight.gang_marks(str(tmp_path), wanted("ct400"), check_mode=True)
     assert found["checked"] is False and not os.path.exists(tmp_path / checkpoint_formats.GANG_MARKS)
+
+
+def test_the_stop_request_path_is_checked_before_anything_is_touched(tmp_path):
+    """(module_utils/preflight.py stop_request_place, beside the gang's marks: both are places
+    the preflight proves before a stop needs them.)"""
+    def place(path, run_dir):
+        checks = []
+        preflight.stop_request_place(str(path), str(run_dir), lambda *a, **k: checks.append(a))
+        return checks[0]
+
+    assert place(tmp_path / "stop-request", tmp_path)[1:] == (True, f"{tmp_path} is writable", "")
+    assert place(tmp_path / "run" / "stop-request", tmp_path / "run")[1:] == (
+        True, f"{tmp_path / 'run'} is missing (the launch creates it)", "")
+    missing = place(tmp_path / "elsewhere" / "stop-request", tmp_path / "run")
+    assert missing[1:3] == (False, f"{tmp_path / 'elsewhere'} is missing"), missing
+    assert "trainer_run_stop_request_path" in missing[3]
+    (tmp_path / "adir").mkdir()
+    assert place(tmp_path / "adir", tmp_path)[1:3] == (False, f"{tmp_path / 'adir'} is a directory")

@@ -150,9 +150,9 @@ PERIODIC = textwrap.dedent("""
     print("ready", flush=True)
     if mode == "saving":  # an in-place save (HF's order), slow, when the stop comes
         os.makedirs(os.path.join(out, "checkpoint-8"))
-        for index in range(12):
+        for index in range(12):  # 3 s: the stop's start outlasts a shorter one on a loaded machine
             open(os.path.join(out, "checkpoint-8", f"part{index}.txt"), "w").write("x")
-            time.sleep(0.1)
+            time.sleep(0.25)
         json.dump({"global_step": 8}, open(os.path.join(out, "checkpoint-8", "trainer_state.json"), "w"))
     while True:
         time.sleep(0.05)
@@ -216,6 +216,17 @@ def test_the_first_signal_waits_for_a_save_in_progress(tmp_path):
     assert result["loss"]["checkpoint_step"] == 8
 
 
+def stopped_at_moment(tmp_path, child, moment):
+    """The stop of a gang's CT whose moment is signal_at (the trainer saves on no signal)."""
+    try:
+        result = staged_stop.run(stop_params(tmp_path, child, saves_on="none", no_graceful="proceed",
+                                             signal_at=moment))
+        child.wait(timeout=10)
+    finally:
+        child.kill()
+    return result
+
+
 def test_a_gang_ct_stopped_after_the_moment_counts_the_checkpoint_written_since(tmp_path):
     """A CT of a gang whose stop starts late: rank 0 on another CT already saved in answer to that
     CT's signal at the gang's moment. That checkpoint is this stop's new one, not one from before."""
@@ -224,13 +235,31 @@ def test_a_gang_ct_stopped_after_the_moment_counts_the_checkpoint_written_since(
     os.utime(tmp_path / "ck" / "checkpoint-5", (moment - 60, moment - 60))
     (tmp_path / "ck" / "checkpoint-6").mkdir()
     (tmp_path / "ck" / "checkpoint-6" / "trainer_state.json").write_text('{"global_step": 6}')
-    try:
-        result = staged_stop.run(stop_params(tmp_path, child, saves_on="none", no_graceful="proceed",
-                                             signal_at=moment))
-        child.wait(timeout=10)
-    finally:
-        child.kill()
+    result = stopped_at_moment(tmp_path, child, moment)
     ckpt = result["checkpoint"]
     assert ckpt["written"] and ckpt["new"].endswith("checkpoint-6") and ckpt["new_step"] == 6, ckpt
-    assert result["signal_late_s"] >= 2.0
+    assert result["signal_late_s"] >= 2.0 and result["signal_spare_s"] <= -2.0
     assert "NO new checkpoint" not in result["msg"], result["msg"]
+
+
+def test_a_gang_ct_ready_before_the_moment_holds_its_signal_and_says_how_early_it_was_ready(tmp_path):
+    """The margin a gang's moment leaves is judged by how long before it each CT's stop was ready."""
+    child = start_periodic(tmp_path)
+    moment = time.time() + 3.0  # the stop is ready long before, even on a loaded machine
+    result = stopped_at_moment(tmp_path, child, moment)
+    assert 0 < result["signal_spare_s"] < 3.0 and result["signal_late_s"] < 0.2
+    assert result["signalled_at"] >= moment
+
+
+def test_a_checkpoint_seen_landing_before_the_signal_is_the_trainers_own_save_on_a_coarse_clock():
+    """The file system stamps a save's last write with a clock a few ms coarse: a SIGINT sent
+    5 ms after the stop saw the save land may carry a wall time at or before that stamp + 10 ms.
+    The stop's own order of events decides, never that stamp (seen in CI under load)."""
+    path = "/ckpt/step_50"
+    timeline = [{"event": "checkpoint_landed", "path": path, "t": 10.000, "at": 1000.000},
+                {"event": "signal", "signal": "SIGINT", "stage": 0, "t": 10.005, "at": 1000.005}]
+    assert staged_stop._produced_by({"timeline": timeline}, path, 1000.001) == (
+        "the trainer's own save, which the stop waited for", None)
+    # a checkpoint that completed after the signal, although another landed before it, is the signal's
+    assert staged_stop._produced_by({"timeline": timeline}, "/ckpt/step_51", 1000.300) == (
+        "completed after SIGINT, stage 1", "SIGINT")

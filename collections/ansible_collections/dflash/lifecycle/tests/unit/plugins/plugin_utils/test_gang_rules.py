@@ -190,8 +190,26 @@ def test_a_ct_whose_run_ended_after_its_launch_is_named_with_its_error():
 
 def test_the_skew_is_the_spread_of_the_first_signals():
     assert gang.skew({"a": stop(signalled_at=100.0105), "b": stop(signalled_at=100.0100)}) == {
-        "skew_ms": 0.5, "first": "b", "order": [["b", 0.0], ["a", 0.5]]}
+        "skew_ms": 0.5, "first": "b", "order": [["b", 0.0], ["a", 0.5]], "spare": None, "by_request": False,
+        "steps": {}}
+    # the CT ready the least time before the moment
+    spared = {"a": dict(stop(signalled_at=100.0105), signal_spare_s=1.2),
+              "b": dict(stop(signalled_at=100.0100), signal_spare_s=0.4)}
+    assert gang.skew(spared)["spare"] == ["b", 0.4]
     assert gang.skew({"a": stop(signalled_at=100.0), "b": stop()}) is None
+
+
+def test_a_gang_stopped_by_its_requests_names_the_step_of_every_ct_and_says_when_they_differ():
+    def requested(at, step):
+        return dict(stop(signalled_at=at), stopped_by={"stage": -1, "signal": None, "scope": "request"},
+                    request={"taken": True, "acknowledged": {"id": "x", "step": step}})
+
+    big = {"name": "big", "size": 2, "members": ["a", "b"]}
+    line = gang.stop_report(big, {"a": requested(50.0, 120), "b": requested(50.001, 120)})
+    assert line.startswith("gang big (2 CTs): stop requested together (skew 1.0 ms, a first; the ranks of every "
+                           "CT stopped at step 120)"), line
+    line = gang.stop_report(big, {"a": requested(50.0, 120), "b": requested(50.001, 130)})
+    assert "the ranks stopped at DIFFERENT steps: a 120, b 130)" in line, line
 
 
 class HostVars(dict):
@@ -210,6 +228,13 @@ def test_the_filters_read_the_members_results_through_hostvars():
     hostvars["a"]["trainer_preflight_result"]["throughput_before"] = {"tokens_per_s": None}
     hostvars["b"]["trainer_preflight_result"] = {"throughput_before": {"tokens_per_s": 20000.0}}
     assert gang_filters.gang_throughput(plan, hostvars, "before") == {"tokens_per_s": 20000.0}
+    # the stop's report: each member's stop result, and the margin signal_moment chose for the batch
+    for host, at, spare in (("a", 50.0, 0.9), ("b", 50.002, 0.4)):
+        hostvars[host].update(trainer_stop_result=dict(stop("/c/step_20", step=20, signalled_at=at), signal_spare_s=spare),
+                              trainer_stop_signal_margin={"margin_s": 1.0, "measured_s": 0.8})
+    assert gang_filters.gang_stop_report("a", hostvars, GROUPS) == (
+        "gang big (2 CTs): stop signalled together (skew 2.0 ms, a first; margin 1.0 s, 1.25x the measured start of the "
+        "stop, 0.8 s, the slowest CT (b) ready 0.4 s before the moment) (a +0.0 ms, b +2.0 ms), checkpoint /c/step_20")
     with pytest.raises(AnsibleFilterError, match="not a CT of a gang"):
         gang_filters.gang_plan("solo", HostVars(solo={}), GROUPS)
     broken = HostVars({h: {"trainer_run_checked": r} for h, r in checked(a=values(0), b=values(1, "x")).items()})
@@ -236,6 +261,14 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     raced = dict(summaries, b=dict(summaries["b"], checkpoint="/c/step_10"))
     raced_stops = dict(stops, b=stop("/c/step_10", step=10, signalled_at=50.0012))
     assert "checkpoint /c/step_20 (0 steps lost), every CT running" in gang.report(plan, raced, raced_stops)[0]
+    # the margin before the gang's moment: measured, against the CT that was ready the least time before it
+    spared = {"a": dict(stops["a"], signal_spare_s=0.912), "b": dict(stops["b"], signal_spare_s=0.644)}
+    assert "stop signalled together (skew 1.2 ms, a first; margin 1.15 s, 1.25x the measured start of the stop, 0.92 s, " \
+           "the slowest CT (b) ready 0.644 s before the moment), checkpoint" in gang.report(
+               plan, summaries, spared, margin={"margin_s": 1.15, "measured_s": 0.92})[0]
+    late = dict(spared, b=dict(spared["b"], signal_spare_s=-0.31))
+    assert "margin 3.0 s, redeploy_gang_signal_margin, b ready only 0.31 s after the moment (its signal went late))" \
+        in gang.report(plan, summaries, late, margin={"margin_s": 3.0, "measured_s": None})[0]
     # a CT with no stop result (it failed before its stop): the others' checkpoint still stands
     assert "checkpoint /c/step_20 (0 steps lost)" in gang.report(plan, raced, {"b": None, "a": raced_stops["a"]})[0]
     compared = {"verdict": "ok", "before": 19000.0, "after": 20000.0, "change_pct": 5.3, "threshold_pct": -5.0,

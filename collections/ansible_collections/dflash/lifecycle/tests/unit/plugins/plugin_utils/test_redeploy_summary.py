@@ -137,3 +137,14 @@ def test_a_model_to_stage_in_check_mode_and_a_staging_that_failed_after_the_stop
     _data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, model_stage=[dict(MODEL, needed=False)]),
                              stop=STOP, launch=LAUNCH)
     assert not any("model /dev/shm/m" in line for line in lines)
+
+
+def test_a_stop_by_the_request_and_a_request_not_taken_say_so():
+    by_request = dict(STOP, stopped_by={"stage": -1, "signal": None, "scope": "request"},
+                      request={"taken": True, "acknowledged": {"id": "r1", "step": 1234}})
+    _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=by_request, launch=LAUNCH)
+    assert "stopped by the stop request (taken at step 1234, no signal sent) in 2.5s, checkpoint /ck/step_9" in lines[0]
+    not_taken = dict(STOP, request={"taken": False, "why": "no acknowledgement in /l within 30s (request_ack_timeout)"})
+    _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=not_taken, launch=LAUNCH)
+    assert ("stopped by SIGINT (the stop request was not taken: no acknowledgement in /l within 30s "
+            "(request_ack_timeout)) in 2.5s") in lines[0]
