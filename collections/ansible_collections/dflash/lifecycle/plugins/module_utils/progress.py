@@ -36,6 +36,8 @@ THROUGHPUT_PATTERNS = (
 PROFILE_LINE_REGEX = r"ProfileStats"
 PROFILE_STAGE_REGEX = r"(?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms"
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+# the line that ends a traceback: the exception's (dotted) class name, then ": message" or nothing
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(:|$)")
 # the lines of a log a failure report quotes
 TAIL_LINES = 20
 # the line the launch writes at the head of each run's log: which release the run is
@@ -169,13 +171,17 @@ def traceback_in(lines):
     """The first whole Python traceback among lines (from its head to the exception line), or
     None. A traceback still being written (no exception line yet) is not returned: the next
     read has it whole, and the exception is what names the failure. The ranks of a launcher write
-    into one log at once: a second head before the first's exception line is part of the block."""
+    into one log at once: a second head before the first's exception line is part of the block,
+    and another rank's line printed in between (not indented, not an exception line: "rank 3 of
+    4 joined", the launcher's own log) is left out of it."""
     for index, line in enumerate(lines):
         if TRACEBACK_HEAD in line:
             block = [line]
             for follow in lines[index + 1:]:
-                block.append(follow)
-                if follow and not follow.startswith((" ", "\t")) and TRACEBACK_HEAD not in follow:
+                if not follow or follow.startswith((" ", "\t")) or TRACEBACK_HEAD in follow:
+                    block.append(follow)
+                elif EXCEPTION_LINE.match(follow):
+                    block.append(follow)
                     return block
             return None
     return None

@@ -61,6 +61,21 @@ def test_two_ranks_writing_their_tracebacks_at_once_give_one_block_with_the_exce
     assert progress.traceback_in(lines) == lines[1:6]
 
 
+def test_another_ranks_line_inside_a_traceback_does_not_end_it():
+    """A rank still printing its start-up line while another prints its traceback (a gang's CT
+    under load): the block ends at the exception, without the foreign lines."""
+    lines = ["Traceback (most recent call last):", '  File "t.py", line 479, in train',
+             "rank 3 of 4 pid=250 joined", "W1203 16:58:01.123000 77 torch/distributed/elastic/api.py:702] Sending",
+             '    raise RuntimeError("fails on node rank 1")', "RuntimeError: fails on node rank 1"]
+    assert progress.traceback_in(lines) == [lines[0], lines[1], lines[4], lines[5]]
+    assert progress.traceback_in(lines[:4]) is None
+    chained = ["Traceback (most recent call last):", '  File "t.py", line 3, in f', "KeyError: 'x'", "",
+               "During handling of the above exception, another exception occurred:"]
+    assert progress.traceback_in(chained) == chained[:3]
+    assert progress.traceback_in(["Traceback (most recent call last):", '  File "t.py"', "KeyboardInterrupt"])[-1] \
+        == "KeyboardInterrupt"
+
+
 def test_profile_stats_and_the_window_after_the_warm_up():
     reader = progress.LogReader()
     lines = ["step 5 loss 3 tok/s 50.0", "[ProfileStats step 5] data avg 9.00ms max 9.50ms | drafter avg 50.00ms max 60.00ms",
