@@ -192,7 +192,10 @@ def test_concurrent_redeploys_of_one_ct(seeded):
                              stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while in_ct(seeded, "ct301", "test -e /run/dflash/redeploy.lock", check=False).returncode:
-        assert time.monotonic() < deadline and first.poll() is None
+        if first.poll() is not None or time.monotonic() > deadline:
+            first.kill()
+            raise AssertionError(f"the first redeploy took no lock within 60 s (exit {first.wait()}):\n"
+                                 + first.communicate()[0][-6000:])
         time.sleep(0.1)
     second = seeded.playbook(REDEPLOY, "-l", "ct301", check=False)
     out_first = first.communicate(timeout=300)[0]
