@@ -178,8 +178,11 @@ def test_memory_never_freed_fails_naming_the_gpu_and_starts_nothing(launch, read
     hold_gpu_memory(ready, 30000)
     res = launch(check=False, trainer_launch_gpu_free_timeout=3)
     assert res.returncode != 0
-    assert re.search(r"GPUs not free after 3\.\d+s \(bound 3\.0s\), nothing was started: GPU 5: 30000 of "
-                     r"81559 MiB used \(threshold 1024 MiB\), no process listed by nvidia-smi", res.stdout)
+    # the bound waited out, however late a loaded machine's last look came
+    found = re.search(r"GPUs not free after (\d+\.\d)s \(bound 3\.0s\), nothing was started: GPU 5: 30000 of "
+                      r"81559 MiB used \(threshold 1024 MiB\), no process listed by nvidia-smi",
+                      " ".join(res.stdout.split()))
+    assert found and float(found.group(1)) >= 3.0, res.stdout
     assert ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout == ""
     assert ready("test -e /run/dflash/trainer.pid", check=False).returncode == 1
 
