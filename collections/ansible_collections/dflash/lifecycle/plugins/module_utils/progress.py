@@ -37,7 +37,8 @@ PROFILE_LINE_REGEX = r"ProfileStats"
 PROFILE_STAGE_REGEX = r"(?P<stage>[A-Za-z_][\w.-]*) avg (?P<avg>\d+(?:\.\d+)?)\s*ms max (?P<max>\d+(?:\.\d+)?)\s*ms"
 TRACEBACK_HEAD = "Traceback (most recent call last):"
 # the line that ends a traceback: the exception's (dotted) class name, then ": message" or nothing
-EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(:|$)")
+# (not logging's "WARNING:name:message", which has no space after its colon)
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")
 # the lines of a log a failure report quotes
 TAIL_LINES = 20
 # the line the launch writes at the head of each run's log: which release the run is

@@ -66,9 +66,10 @@ def test_another_ranks_line_inside_a_traceback_does_not_end_it():
     under load): the block ends at the exception, without the foreign lines."""
     lines = ["Traceback (most recent call last):", '  File "t.py", line 479, in train',
              "rank 3 of 4 pid=250 joined", "W1203 16:58:01.123000 77 torch/distributed/elastic/api.py:702] Sending",
+             "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 250 closing signal SIGTERM",
              '    raise RuntimeError("fails on node rank 1")', "RuntimeError: fails on node rank 1"]
-    assert progress.traceback_in(lines) == [lines[0], lines[1], lines[4], lines[5]]
-    assert progress.traceback_in(lines[:4]) is None
+    assert progress.traceback_in(lines) == [lines[0], lines[1], lines[5], lines[6]]
+    assert progress.traceback_in(lines[:5]) is None
     chained = ["Traceback (most recent call last):", '  File "t.py", line 3, in f', "KeyError: 'x'", "",
                "During handling of the above exception, another exception occurred:"]
     assert progress.traceback_in(chained) == chained[:3]
