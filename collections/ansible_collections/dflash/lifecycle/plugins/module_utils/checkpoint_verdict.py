@@ -44,20 +44,36 @@ class StopVerdict:
 
     def snapshot(self):
         """The entries when the stop begins (the before of completed), and which one the layout's
-        pointer names then: a save whose last write is the pointer completes when it moves."""
+        pointer names then and the pointer file itself: a save whose last write is the pointer
+        completes when it is written."""
         infos = self.entries()
         self.pointed_at_start = self.layout.pointed(self.path) if self.layout is not None else None
+        self.pointer_at_start = self._pointer_stamp()
         return infos
+
+    def _pointer_stamp(self):
+        """The pointer file's inode, change time and size (lstat: a link is the pointer), or None:
+        it differs once the trainer has written the pointer again, even with the same name."""
+        if self.layout is None or not self.layout.pointer:
+            return None
+        try:
+            st = os.lstat(os.path.join(self.path, self.layout.pointer))
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def completed(self, before, infos):
         """Names complete now that were not complete and unchanged in before, oldest first; and
-        one the pointer has named since the snapshot (renamed into place before the stop began,
-        its pointer moved during it: an interrupt save at the step a periodic save just wrote)."""
+        one the pointer was written to name since the snapshot: renamed into place before the
+        stop began, its pointer moved during it, or written again naming the same entry (an
+        interrupt at the step a periodic save had just written: the trainer's handler found that
+        step saved and only wrote its pointer, its answer to the stop)."""
         found = [n for n in self.fresh(before, infos) if infos[n]["complete"]]
         start = self.pointed_at_start
         if start is not None and self.layout is not None and self.layout.pointer:
             named = self.layout.pointed(self.path)
-            if named not in (None, start) and named not in found and infos.get(named, {}).get("complete"):
+            rewritten = named != start or self._pointer_stamp() != self.pointer_at_start
+            if named is not None and rewritten and named not in found and infos.get(named, {}).get("complete"):
                 found = [n for n in self.ordered(infos) if n in found or n == named]
         return found
 
@@ -155,8 +171,9 @@ class StopVerdict:
             name, info = done[-1]
             report.update(checkpoint=os.path.join(self.path, name), checkpoint_step=info["step"],
                           checkpoint_age_s=round(time.time() - info["mtime"], 1))
-            # the file system's clock is coarse (a few ms behind time.time())
-            answered = answered_at is not None and info["mtime"] >= answered_at - 0.01
+            # the file system's clock is coarse (a few ms behind time.time()); completed_at is the
+            # pointer's write where that names it (a step saved before, its pointer written on the signal)
+            answered = answered_at is not None and self.completed_at(name, info) >= answered_at - 0.01
             if answered and (info["step"] is None or logged is None or info["step"] >= logged):
                 report.update(steps_lost=0, saved_on_stop=True)
             elif info["step"] is not None and logged is not None:

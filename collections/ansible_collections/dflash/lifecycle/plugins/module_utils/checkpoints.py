@@ -86,6 +86,7 @@ class Directory(checkpoint_verdict.StopVerdict):
         self.step_regex = step_regex
         self.since = None  # the running trainer's start (epoch seconds): its own saves' interval
         self.pointed_at_start = None  # what the layout's pointer named at the stop's snapshot
+        self.pointer_at_start = None  # and the pointer file's stamp then
 
     @classmethod
     def of(cls, options):

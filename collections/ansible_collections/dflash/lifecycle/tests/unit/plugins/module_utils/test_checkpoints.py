@@ -306,3 +306,31 @@ def test_a_checkpoint_whose_pointer_moves_during_the_stop_is_the_stops(tmp_path)
     report = ck.report(before)
     assert report["new"].endswith("step_500") and report["written"] is True and report["doubts"] == []
     assert report["new_completed_at"] >= os.lstat(tmp_path / "latest").st_mtime
+
+
+def test_a_pointer_written_again_naming_the_step_saved_before_is_the_stops_answer(tmp_path):
+    """The SIGINT came in the step after a periodic save of step_500, pointer and all: the
+    trainer's handler (the example trainer's save_checkpoint) found step_500 complete at its step
+    and wrote latest again, to a temporary name renamed over it. That is its answer to the stop:
+    step_500, nothing lost, not "no new checkpoint". A pointer left alone is no answer."""
+    log = tmp_path / "train.log"
+    log.write_text("step 450 loss 1\nstep 500 loss 0.9\n")
+    ck_dir = tmp_path / "ck"
+    save(ck_dir, "step_500", age=5)
+    (ck_dir / "latest").write_text("step_500\n")
+    aged(ck_dir / "latest", 5)
+    ck = directory(ck_dir, log_file=str(log))
+    before = ck.snapshot()
+    assert ck.report(before)["new"] is None  # nothing written yet
+    signalled_at = time.time()
+    (ck_dir / ".latest.tmp-7").write_text("step_500\n")
+    os.rename(ck_dir / ".latest.tmp-7", ck_dir / "latest")
+    report = ck.report(before)
+    assert report["new"].endswith("step_500") and report["written"] is True
+    assert report["new_completed_at"] >= signalled_at - 0.01
+    loss = ck.loss(answered_at=signalled_at)
+    assert (loss["steps_lost"], loss["saved_on_stop"]) == (0, True)
+    # a log past the step the pointer names: the steps after it are counted as lost
+    log.write_text("step 500 loss 0.9\nstep 510 loss 0.8\n")
+    loss = ck.loss(answered_at=signalled_at)
+    assert (loss["steps_lost"], loss["saved_on_stop"]) == (10, False)
