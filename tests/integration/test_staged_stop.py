@@ -337,7 +337,11 @@ def test_no_graceful_proceed_ends_by_the_ladder_and_says_what_was_lost(ct, tmp_p
                   ladder=FAST_LADDER)
     assert result["stopped_by"]["signal"] == "SIGTERM"
     assert result["loss"]["steps_lost"] == last_step_in_log(ct) - result["loss"]["checkpoint_step"]
-    assert f"{result['loss']['steps_lost']} steps after the newest checkpoint lost" in result["msg"]
+    loss = result["loss"]
+    unlogged = (loss["log_every"] or 1) - 1  # made after the log's last line, lost too
+    assert loss["steps_lost_up_to"] == loss["steps_lost"] + unlogged, loss
+    lost = f"{loss['steps_lost']}" + (f" to {loss['steps_lost_up_to']}" if unlogged else "")
+    assert f"{lost} steps after the newest checkpoint lost" in result["msg"]
 
 
 def test_no_graceful_without_checkpoint_history_fails_without_killing(ct, tmp_path):

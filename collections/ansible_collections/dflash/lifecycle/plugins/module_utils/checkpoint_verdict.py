@@ -21,22 +21,40 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import time
 
 
-def last_logged_step(log_file, step_regex):
+def logged_steps(log_file, step_regex):
+    """The steps the log's last 64 KiB name, in their order."""
     if not log_file:
-        return None
+        return []
     try:
         with open(log_file, "rb") as handle:
             handle.seek(max(0, os.path.getsize(log_file) - 65536))
             text = handle.read().decode("utf-8", "replace")
     except OSError:
-        return None
-    steps = re.findall(step_regex, text)
-    return int(steps[-1]) if steps else None
+        return []
+    return [int(step) for step in re.findall(step_regex, text)]
+
+
+def log_every(steps):
+    """How many steps apart the log's progress lines are: the commonest gap between its last
+    distinct steps, the larger on a tie (a trainer that logs every 10 steps: 10, whatever
+    checkpoint or interrupt lines come between); None until one gap has shown twice."""
+    distinct = sorted(set(steps[-12:]))
+    gaps = collections.Counter(b - a for a, b in zip(distinct, distinct[1:]))
+    gap, seen = max(gaps.items(), key=lambda item: (item[1], item[0])) if gaps else (None, 0)
+    return gap if seen >= 2 else None
+
+
+def lost_words(loss):
+    """The steps lost in words: "7", or "7 to 16" where the log shows only every 10th step (the
+    trainer may have made up to 9 more steps after its last line, lost with the rest)."""
+    low, high = loss["steps_lost"], loss.get("steps_lost_up_to")
+    return f"{low}" if high in (None, low) else f"{low} to {high}"
 
 
 class StopVerdict:
@@ -157,9 +175,10 @@ class StopVerdict:
         it. A checkpoint completed since then is the trainer's answer and holds every step it
         made: 0 lost, however old the log's last progress line (a trainer that logs every 10
         steps stops between two of them)."""
+        steps = logged_steps(self.log_file, self.step_regex)
         report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
-                  "last_logged_step": last_logged_step(self.log_file, self.step_regex),
-                  "steps_lost": None, "ahead_of_log": None, "saved_on_stop": False,
+                  "last_logged_step": steps[-1] if steps else None, "log_every": log_every(steps),
+                  "steps_lost": None, "steps_lost_up_to": None, "ahead_of_log": None, "saved_on_stop": False,
                   "checkpoint_interval_s": None, "free_bytes": None}
         if not self.path:
             return report
@@ -183,12 +202,17 @@ class StopVerdict:
                     report["steps_lost"] = logged - info["step"]
         elif logged is not None:
             report["steps_lost"] = logged  # no checkpoint at all: every step
+        if report["steps_lost"] is not None:
+            # counted from the log's last line, the steps made after it are lost too (none where
+            # the trainer saved on the stop)
+            unlogged = 0 if report["saved_on_stop"] else max(1, report["log_every"] or 1) - 1
+            report["steps_lost_up_to"] = report["steps_lost"] + unlogged
         return report
 
 
 def describe_loss(loss):
     if loss["checkpoint"] is None:
-        steps = f" ({loss['steps_lost']} steps)" if loss["steps_lost"] is not None else ""
+        steps = f" ({lost_words(loss)} steps)" if loss["steps_lost"] is not None else ""
         return f"there is no complete checkpoint: a stop loses the whole run{steps}"
     text = f"newest complete checkpoint {loss['checkpoint']} is {loss['checkpoint_age_s']}s old"
     if loss["ahead_of_log"] is not None:
@@ -196,7 +220,7 @@ def describe_loss(loss):
                  f"last step {loss['last_logged_step']}: the steps lost cannot be read from the log)")
     elif loss["steps_lost"] is not None:
         text += (f" (step {loss['checkpoint_step']}, the log is at step {loss['last_logged_step']}:"
-                 f" {loss['steps_lost']} steps not in a checkpoint)")
+                 f" {lost_words(loss)} steps not in a checkpoint)")
     elif loss["checkpoint_step"] is None:
         text += " (its step is not known: the steps lost cannot be counted)"
     return text

@@ -399,8 +399,9 @@ def _summary(result, main_pid, started):
         head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
                  f"of the log (step {loss['last_logged_step']}): steps lost not known")
     elif loss["steps_lost"] is not None:
-        head += (f"; {loss['steps_lost']} steps after the newest checkpoint lost" if loss["checkpoint"]
-                 else f"; no checkpoint at all: all {loss['steps_lost']} steps of the run lost")
+        lost = checkpoint_verdict.lost_words(loss)
+        head += (f"; {lost} steps after the newest checkpoint lost" if loss["checkpoint"]
+                 else f"; no checkpoint at all: all {lost} steps of the run lost")
     elif loss["checkpoint"] and loss["checkpoint_step"] is None:
         head += "; steps lost not known (the checkpoint's step is not known)"
     log = progress.log_words(result.get("log"))

@@ -532,6 +532,10 @@ loss_at_start:
 loss:
   description:
     - The same figures after the stop (steps_lost is what the stop lost).
+    - C(steps_lost) is counted from the log's last progress line; C(log_every) is how many steps
+      apart its lines are, and C(steps_lost_up_to) adds the steps a trainer that logs every N
+      steps may have made after its last line (up to N-1), lost too. Both say the same where the
+      trainer logs every step, and are 0 when it saved on the stop.
     - C(saved_on_stop) is true when the newest complete checkpoint was written after the signal the
       trainer saves on, and the trainer then exited; it holds every step the trainer made, so
       steps_lost is 0 even when the log's last progress line is older (a trainer that logs every

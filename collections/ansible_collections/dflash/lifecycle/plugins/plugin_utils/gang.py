@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, launchers
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 RENDEZVOUS = ("c10d", "static")
@@ -433,7 +433,7 @@ def report(gang, summaries, stops, check_mode=False, margin=None):
     logger = next((h for h in members if (summaries.get(h) or {}).get("tokens_per_s") is not None), None)
     checkpoint = gang_checkpoint(stops)
     # the loss as the CT whose stop saw the gang's checkpoint written states it
-    lost = next((s["steps_lost"] for s in summaries.values()
+    lost = next((checkpoint_verdict.lost_words(s) for s in summaries.values()
                  if s.get("checkpoint") == checkpoint and s.get("steps_lost") is not None), None)
     errors = [f"{h}: {'; '.join(summaries[h]['errors'])}" for h in members if (summaries.get(h) or {}).get("errors")]
     head = (f"gang {gang['name']} ({gang['size']} CTs, {gang['rendezvous']} rendezvous at {gang['endpoint']}): "

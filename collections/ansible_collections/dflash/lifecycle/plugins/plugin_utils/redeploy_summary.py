@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import model_stage
+from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, model_stage
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 
@@ -87,6 +87,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "checkpoint_format": checkpoint.get("format"),
         "newest_checkpoint": checkpoint.get("newest"),
         "steps_lost": ((stop or {}).get("loss") or {}).get("steps_lost") if stopped else None,
+        "steps_lost_up_to": ((stop or {}).get("loss") or {}).get("steps_lost_up_to") if stopped else None,
         "ahead_of_log": ((stop or {}).get("loss") or {}).get("ahead_of_log") if stopped else None,
         # what the new run resumed from, and the incomplete checkpoints moved aside before it
         "resumed_from": ((launch or {}).get("resume") or {}).get("path") if running else None,
@@ -153,7 +154,7 @@ def _stop_words(stop, data):
         if not data["checkpoint"] and data["newest_checkpoint"]:
             words += f", newest complete {data['newest_checkpoint']}"
         if data["steps_lost"] is not None:
-            words += f" ({data['steps_lost']} steps lost)"
+            words += f" ({checkpoint_verdict.lost_words(data)} steps lost)"
         elif data["ahead_of_log"]:
             words += f" (the checkpoint is {data['ahead_of_log']} steps ahead of the log: steps lost not known)"
         return words

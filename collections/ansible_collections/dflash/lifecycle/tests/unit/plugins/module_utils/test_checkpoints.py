@@ -334,3 +334,26 @@ def test_a_pointer_written_again_naming_the_step_saved_before_is_the_stops_answe
     log.write_text("step 500 loss 0.9\nstep 510 loss 0.8\n")
     loss = ck.loss(answered_at=signalled_at)
     assert (loss["steps_lost"], loss["saved_on_stop"]) == (10, False)
+
+
+def test_a_trainer_that_logs_every_10_steps_may_have_lost_9_steps_more_than_its_log_shows(tmp_path):
+    """Stopped without saving, a trainer that prints a progress line every 10 steps was anywhere
+    from its last line's step to 9 steps past it: the loss is a range, never the lower bound alone.
+    Checkpoint and resume lines between its progress lines do not change its cadence."""
+    log = tmp_path / "train.log"
+    log.write_text("step 180 loss 1\ncheckpoint saved: /ck/step_200 (step 200, interval)\nstep 190 loss 1\n"
+                   "step 200 loss 1\nstep 210 loss 0.9\nstep 220 loss 0.9\n")
+    ck_dir = tmp_path / "ck"
+    save(ck_dir, "step_200", age=10)
+    loss = directory(ck_dir, log_file=str(log)).loss(answered_at=time.time())
+    assert (loss["log_every"], loss["steps_lost"], loss["steps_lost_up_to"]) == (10, 20, 29)
+    assert checkpoint_verdict.lost_words(loss) == "20 to 29"
+    assert "20 to 29 steps not in a checkpoint" in checkpoint_verdict.describe_loss(loss)
+    # a trainer that logs every step: the count is exact
+    log.write_text("".join(f"step {n} loss 1\n" for n in range(200, 221)))
+    loss = directory(ck_dir, log_file=str(log)).loss()
+    assert (loss["log_every"], loss["steps_lost"], loss["steps_lost_up_to"]) == (1, 20, 20)
+    assert checkpoint_verdict.lost_words(loss) == "20"
+    # no cadence seen twice yet: nothing is guessed
+    assert checkpoint_verdict.log_every([100, 250]) is None
+    assert checkpoint_verdict.log_every([10, 20, 30, 33]) == 10
