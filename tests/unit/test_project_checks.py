@@ -99,3 +99,26 @@ def test_a_ct_that_runs_alone_has_no_gang_task_and_a_gang_has_them_all(tmp_path)
     assert gangs.count("Hold the gang together") == 6 and "signalled together" in gangs, gangs
     assert "Read whether a gang's run still runs" in gangs
     assert "Stop the trainer in stages" in gangs and "Start the trainer and wait until it is healthy" in gangs
+
+
+def test_a_lone_cts_stop_has_no_gang_task_and_a_gangs_has_them_all(tmp_path):
+    """playbooks/stop.yml's two plays (playbooks/redeploy/stop.yml), as redeploy.yml's: a CT that
+    runs alone goes through no gang task, not even a skipped one (each costs a task worker); a
+    gang's CT holds the gang after its settings and its stop, signals at the gang's moment, and
+    reads and reports the gang's checkpoint."""
+    inventory = os.path.join(REPO, "inventory", "testbed")
+    stop_yml = os.path.join(REPO, "playbooks", "stop.yml")
+    res = run_tool([os.path.join(BIN, "ansible-playbook"), "-i", inventory, stop_yml, "--list-tasks"])
+    alone, _, gangs_play = res.stdout.partition("play #2")
+    assert "play #1 (dflash_trainers:!dflash_gangs)" in alone and "(dflash_trainers:&dflash_gangs)" in gangs_play
+    assert "gang" not in alone.split("TAGS: []", 1)[1].lower(), alone
+    assert "Stop the trainer in stages" in alone and "Report how the trainer stopped" in alone
+    with open(stop_yml, encoding="utf-8") as handle:
+        plays = yaml.safe_load(handle)
+    (include,) = plays[1]["tasks"]
+    listing = tmp_path / "gang_play.yml"
+    listing.write_text(yaml.safe_dump([dict(plays[1], tasks=[{"ansible.builtin.import_tasks": os.path.join(
+        REPO, "playbooks", include["ansible.builtin.include_tasks"])}])]))
+    gangs = run_tool([os.path.join(BIN, "ansible-playbook"), "-i", inventory, str(listing), "--list-tasks"]).stdout
+    assert gangs.count("Hold the gang together") == 2 and "signalled together" in gangs, gangs
+    assert "Read the gang's checkpoint directory" in gangs and "Report the stop of the gang" in gangs, gangs
