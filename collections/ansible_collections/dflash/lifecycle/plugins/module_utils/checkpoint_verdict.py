@@ -205,7 +205,7 @@ class StopVerdict:
         if report["steps_lost"] is not None:
             # counted from the log's last line, the steps made after it are lost too (none where
             # the trainer saved on the stop)
-            unlogged = 0 if report["saved_on_stop"] else max(1, report["log_every"] or 1) - 1
+            unlogged = 0 if report["saved_on_stop"] else (report["log_every"] or 1) - 1
             report["steps_lost_up_to"] = report["steps_lost"] + unlogged
         return report
 
