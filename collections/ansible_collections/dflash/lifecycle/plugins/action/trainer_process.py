@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 
-from ansible.plugins.action import ActionBase
-
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import (
     ProgressWatch, launch_words, stop_progress_file, stop_words)
 
 
-class ActionModule(ActionBase):
+class ActionModule(CachedPayloadAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)

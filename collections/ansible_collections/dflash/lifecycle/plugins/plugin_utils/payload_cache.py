@@ -1,0 +1,148 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Keep this collection's AnsiballZ payloads from one ansible-playbook run to the next.
+
+ansible-core builds a module's payload once per run (executor/module_common.py
+_find_module_utils): it parses every module_utils file the module imports, some 70 with
+ansible-core's own, 0.1-0.2 s of controller CPU per module, and keeps the result in the run's
+private directory (DEFAULT_LOCAL_TMP/ansiballz_cache), which is removed when the run ends. A
+redeploy runs two or three of these modules once each, so it paid every build on its critical
+path, between the old run's stop and the new run's first progress line. This keeps the built
+entry, as ansible-core wrote it, in a store next to that directory and puts it back into the next
+run's cache before the module runs: ansible-core then finds it there and builds nothing.
+
+The store is keyed by a fingerprint of everything a build reads: the Python and ansible-core
+versions, and the path, size and modification time of every file of ansible-core's module_utils,
+of the module_common that builds, and of this collection's modules and module_utils (the
+entry holds controller paths too). Any change makes a new key, so a stale payload is never
+used; entries under other keys are pruned but for the newest few (another checkout of the project
+shares the store). Anything unexpected (a store that is not the user's own, an unreadable file,
+another ansible-core layout) falls back to ansible-core's own build: a cache miss, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import sys
+import tempfile
+
+from ansible import constants as C
+from ansible import release
+from ansible.executor import module_common
+from ansible.module_utils import basic
+from ansible.plugins.action import ActionBase
+
+COLLECTION_PLUGINS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the Python module path ansible-core gives a module of this collection in the payload
+FQN_PREFIX = "ansible_collections.dflash.lifecycle.plugins.modules."
+# entries of other fingerprints kept (other checkouts, a version switched back to)
+KEEP_FINGERPRINTS = 4
+
+_fingerprint = None
+
+
+def fingerprint():
+    """The key of every input of a payload build, computed once per process."""
+    global _fingerprint  # pylint: disable=global-statement
+    if _fingerprint is None:
+        digest = hashlib.sha256(f"{sys.version}\0{release.__version__}\0".encode())
+        roots = (os.path.dirname(os.path.abspath(basic.__file__)), os.path.join(COLLECTION_PLUGINS, "modules"),
+                 os.path.join(COLLECTION_PLUGINS, "module_utils"))
+        paths = [os.path.abspath(module_common.__file__)]
+        for root in roots:
+            for directory, subdirs, files in os.walk(root):
+                subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+                paths.extend(os.path.join(directory, name) for name in sorted(files) if name.endswith(".py"))
+        for path in paths:
+            info = os.stat(path)
+            digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+        _fingerprint = digest.hexdigest()[:32]
+    return _fingerprint
+
+
+def store_root():
+    """The store, beside the runs' private directories (the local_tmp setting), the user's own."""
+    return os.path.join(os.path.dirname(C.DEFAULT_LOCAL_TMP), "dflash-ansiballz")
+
+
+def _own_directory(path):
+    """path made if missing, and whether it is a directory of this user that no one else can write."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def _copy_atomically(source, target):
+    """A reader of target sees the whole file or none (ansible-core's workers read it unlocked)."""
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".part-")
+    os.close(handle)
+    try:
+        shutil.copyfile(source, temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _entries(directory, module):
+    """The cache entries of module in directory (one per compression and extension set)."""
+    prefix = FQN_PREFIX + module + "-"
+    return [name for name in os.listdir(directory)
+            if name.startswith(prefix) and not name.endswith((".lock", "-part"))]
+
+
+def restore(module):
+    """Before module runs: put its stored payloads into this run's cache, where ansible-core
+    looks before it builds one."""
+    run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
+    stored = os.path.join(store_root(), fingerprint())
+    try:
+        if not os.path.isdir(stored) or not _own_directory(store_root()) or not _own_directory(stored):
+            return
+        os.makedirs(run_cache, exist_ok=True)
+        have = set(os.listdir(run_cache))
+        for name in _entries(stored, module):
+            if name not in have:
+                _copy_atomically(os.path.join(stored, name), os.path.join(run_cache, name))
+        os.utime(stored)  # the newest fingerprints are the ones kept
+    except OSError:
+        return
+
+
+def keep(module):
+    """After module ran: store the payloads this run built for it, and prune old fingerprints."""
+    run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
+    root = store_root()
+    stored = os.path.join(root, fingerprint())
+    try:
+        if not os.path.isdir(run_cache) or not _own_directory(root) or not _own_directory(stored):
+            return
+        have = set(os.listdir(stored))
+        new = [name for name in _entries(run_cache, module) if name not in have]
+        for name in new:
+            _copy_atomically(os.path.join(run_cache, name), os.path.join(stored, name))
+        if new:
+            keys = sorted((entry for entry in os.scandir(root) if entry.is_dir(follow_symlinks=False)),
+                          key=lambda entry: entry.stat().st_mtime_ns, reverse=True)
+            for entry in keys[KEEP_FINGERPRINTS:]:
+                if entry.name != fingerprint():
+                    shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        return
+
+
+class CachedPayloadAction(ActionBase):
+    """An action plugin whose modules' payloads come from the store when it has them."""
+
+    def _execute_module(self, module_name=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
+        name = (module_name or self._task.resolved_action or self._task.action).rpartition(".")[2]
+        restore(name)
+        try:
+            return super()._execute_module(module_name, *args, **kwargs)
+        finally:
+            keep(name)
