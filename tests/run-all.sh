@@ -34,7 +34,7 @@ trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
 # each worker on a testbed of its own (tests/conftest.py)
-"$bin/python" -m pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
+"$bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"
 pytest_status=$?
 wait $next
 next_status=$?
