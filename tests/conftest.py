@@ -10,11 +10,11 @@ import pytest
 
 from testlib import LiveTestbed, TESTBED_INVENTORY, testbed_mod
 
-# the files that take longest in make test, longest first (seconds of one worker, measured on
-# 2 cores with 3 workers on 2026-12-03: 443, 419, 313, 243, 210, 204, 147, 145, 111, 99, 84, 83,
-# 76, 37, 32, 28, 23, 22, 22); the rest follow. In this order the three workers end within a
-# second of each other in a simulation on those figures, where a file left out (147 s) made one
-# worker end 80 s after the others.
+# the files that take longest in make test, roughly longest first (seconds of one worker in this
+# order, measured on 2 cores with 4 workers on 2026-12-04: 413, 393, 307, 310, 167, 145, 149, 85,
+# 52, 58, 60, 77, 51, 28, 30, 17, 25, 22, 16); the rest follow. In this order the four workers end
+# within a second of each other in a simulation on those figures (614 s each), as three did on the
+# figures of 2026-12-03, where a file left out (147 s) made one worker end 80 s after the others.
 LONGEST_FIRST = ("test_layout_redeploys.py", "test_faults.py", "test_gang_as_run.py", "test_gang.py",
                  "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
                  "test_model_in_shm.py", "test_trainer_code.py", "test_canary.py", "test_settings.py",
