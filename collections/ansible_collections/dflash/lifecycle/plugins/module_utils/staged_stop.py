@@ -290,6 +290,12 @@ def _produced_by(result, path, completed_at):
     sent = [e for e in timeline if e["event"] in ("signal", "request")]
     landed = [e for e in timeline if e["event"] == "checkpoint_landed" and e["path"] == path]
     if landed and not any(e["t"] <= landed[0]["t"] for e in sent):
+        # written again after a signal: a handler that found its step saved wrote it (or its pointer)
+        # once more; strictly after, as the coarse clock only ever shows a write as earlier
+        again = [e for e in sent if e["event"] == "signal" and e["at"] < completed_at]
+        if again:
+            return (f"the trainer's own save, which the stop waited for, written again after {again[-1]['signal']}",
+                    again[-1]["signal"])
         return "the trainer's own save, which the stop waited for", None
     sent = [e for e in sent if e["at"] <= completed_at + 0.01]
     if sent and sent[-1]["event"] == "request":

@@ -449,7 +449,8 @@ checkpoint:
       during the stop, by its layout's rule and files, whether it existed before or not - a save
       under way when the stop began counts) with C(new_step), C(new_completed_at) (its last
       write, wall clock), C(new_by) and C(new_by_signal) (what produced it - the last signal sent
-      before it completed, or the trainer's own save the stop waited for), C(written) (C(new) is
+      before it completed, or the trainer's own save the stop waited for, with the signal after
+      which the trainer wrote it again, if it did), C(written) (C(new) is
       what the resume loads) and C(doubts) (why not - its layout's pointer names another entry),
       C(unfinished) (later saves left incomplete - reported, never a doubt on C(new)), C(resume)
       (what the trainer's own resume rule loads - C(name), C(path), C(step), C(complete),

@@ -263,3 +263,6 @@ def test_a_checkpoint_seen_landing_before_the_signal_is_the_trainers_own_save_on
     # a checkpoint that completed after the signal, although another landed before it, is the signal's
     assert staged_stop._produced_by({"timeline": timeline}, "/ckpt/step_51", 1000.300) == (
         "completed after SIGINT, stage 1", "SIGINT")
+    # the one seen landing, written again after the signal (a handler that found its step saved)
+    assert staged_stop._produced_by({"timeline": timeline}, path, 1000.300) == (
+        "the trainer's own save, which the stop waited for, written again after SIGINT", "SIGINT")
