@@ -87,3 +87,23 @@ def test_a_live_lock_is_taken_over_only_from_the_holder_named(capsys, lock_path)
     assert "failed" not in taken and taken["lock"]["taken_over_from"]["holder"] == "root@ctl run gone1"
     assert "took over the live (lock_takeover) lock of root@ctl run gone1" in json.dumps(taken["warnings"])
     assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "bob run 2"
+
+
+def crash(args, error=RuntimeError("a bug in the module")):
+    """One module run whose work raises inside lock_given_back_on_a_crash (as trainer_preflight's)."""
+    with patch_module_args(args), mock.patch.object(_internal, "is_controller", False), \
+            pytest.raises(type(error)):
+        module = leased.LeasedModule(argument_spec={}, supports_check_mode=True)
+        with module.lock_given_back_on_a_crash():
+            raise error
+
+
+def test_a_crash_in_the_call_that_took_the_lock_gives_it_back_and_one_that_renewed_it_does_not(capsys, lock_path):
+    """A crash leaves no result naming the lock, so the job's unlock cannot run: the call that took
+    it gives it back, else every job is refused for the lease. A call that renewed it leaves it to
+    its job (which gives it back by the result of the call that took it)."""
+    crash({"lock_path": lock_path, "lock_holder": "alice run 1"})
+    assert not os.path.exists(lock_path)
+    call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 2"})
+    crash({"lock_path": lock_path, "lock_holder": "alice run 2"})
+    assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "alice run 2"

@@ -23,6 +23,9 @@ options:
         took it over, and no task of its own is needed to take it.
       - Unset, the lock is neither read nor written.
       - The lock is taken and renewed in check mode too, since a dry run must not overlap a real one.
+      - M(dflash.lifecycle.trainer_preflight), the first call of a redeploy, gives back a lock it
+        took when it crashes (an error of its own, not a failed check), since its failure names no
+        lock, so the job could not give it back and every job would be refused until the lease ends.
     type: str
   lock_ttl:
     description: Lease in seconds from this task on.

@@ -12,6 +12,7 @@ when, and the newest checkpoint it wrote.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -63,6 +64,7 @@ class LeasedModule(AnsibleModule):
         """phase: what this module does in a job, recorded in the lock (a string, or a function
         of the module's params)."""
         self.lease = None  # set before AnsibleModule can exit on a bad argument
+        self.took_lock = False
         super().__init__(argument_spec={**argument_spec, **ARGUMENT_SPEC}, **kwargs)
         holder = self.params["lock_holder"]
         if holder:
@@ -75,10 +77,24 @@ class LeasedModule(AnsibleModule):
                                holder=err.holder)
             except rundir.UnsafePath as err:
                 self.fail_json(msg=f"lock_path: {err}")
-            del self.lease["changed"]  # the module's own work decides changed
+            self.took_lock = self.lease.pop("changed")  # the module's own work decides changed
             self.lease["released"] = False
             if self.lease["taken_over_from"]:
                 self.warn(self.lease["msg"])
+
+    @contextlib.contextmanager
+    def lock_given_back_on_a_crash(self):
+        """Around the work of a call that takes the lock for its job (the preflight): a crash ends
+        the call with no result naming the lock, so the job's unlock does not run, and the lease
+        would keep every job out of the CT until it ends. A lock this call took is given back;
+        one it renewed stays with its job, which holds it by an earlier result."""
+        try:
+            yield
+        except Exception:
+            if self.took_lock:
+                with contextlib.suppress(OSError, rundir.UnsafePath):
+                    lock.release(self.params["lock_path"], self.params["lock_holder"])
+            raise
 
     def exit_json(self, **kwargs):
         if self.lease is not None:

@@ -393,6 +393,12 @@ def main():
         },
         supports_check_mode=True,
     )
+    with module.lock_given_back_on_a_crash():
+        check(module)
+
+
+def check(module):
+    """The checks, and the module's answer."""
     result = preflight.preflight(module.params)
     if module.params["gang_marks"] and result["checkpoint"] is not None:
         result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
