@@ -16,8 +16,9 @@ versions, and the path, size and modification time of every file of ansible-core
 of the module_common that builds, and of this collection's modules and module_utils (the
 entry holds controller paths too). Any change makes a new key, so a stale payload is never
 used; entries under other keys are pruned but for the newest few (another checkout of the project
-shares the store). Anything unexpected (a store that is not the user's own, an unreadable file,
-another ansible-core layout) falls back to ansible-core's own build: a cache miss, never an error.
+shares the store). A store that is not the user's own or that others can write is not read, and
+an error of the file system (a file gone while it is read, a full disk) is a cache miss, never a
+failed task: ansible-core then builds the payload itself, as it always did.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def fingerprint():
     return _fingerprint
 
 
+def run_cache():
+    """ansible-core's cache of this run (module_common._find_module_utils), where it looks first."""
+    return os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
+
+
 def store_root():
     """The store, beside the runs' private directories (the local_tmp setting), the user's own."""
     return os.path.join(os.path.dirname(C.DEFAULT_LOCAL_TMP), "dflash-ansiballz")
@@ -99,16 +105,16 @@ def _entries(directory, module):
 def restore(module):
     """Before module runs: put its stored payloads into this run's cache, where ansible-core
     looks before it builds one."""
-    run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
-    stored = os.path.join(store_root(), fingerprint())
+    root, cache = store_root(), run_cache()
     try:
-        if not os.path.isdir(stored) or not _own_directory(store_root()) or not _own_directory(stored):
+        stored = os.path.join(root, fingerprint())
+        if not os.path.isdir(stored) or not _own_directory(root) or not _own_directory(stored):
             return
-        os.makedirs(run_cache, exist_ok=True)
-        have = set(os.listdir(run_cache))
+        os.makedirs(cache, exist_ok=True)
+        have = set(os.listdir(cache))
         for name in _entries(stored, module):
             if name not in have:
-                _copy_atomically(os.path.join(stored, name), os.path.join(run_cache, name))
+                _copy_atomically(os.path.join(stored, name), os.path.join(cache, name))
         os.utime(stored)  # the newest fingerprints are the ones kept
     except OSError:
         return
@@ -116,16 +122,15 @@ def restore(module):
 
 def keep(module):
     """After module ran: store the payloads this run built for it, and prune old fingerprints."""
-    run_cache = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
-    root = store_root()
-    stored = os.path.join(root, fingerprint())
+    root, cache = store_root(), run_cache()
     try:
-        if not os.path.isdir(run_cache) or not _own_directory(root) or not _own_directory(stored):
+        stored = os.path.join(root, fingerprint())
+        if not os.path.isdir(cache) or not _own_directory(root) or not _own_directory(stored):
             return
         have = set(os.listdir(stored))
-        new = [name for name in _entries(run_cache, module) if name not in have]
+        new = [name for name in _entries(cache, module) if name not in have]
         for name in new:
-            _copy_atomically(os.path.join(run_cache, name), os.path.join(stored, name))
+            _copy_atomically(os.path.join(cache, name), os.path.join(stored, name))
         if new:
             keys = sorted((entry for entry in os.scandir(root) if entry.is_dir(follow_symlinks=False)),
                           key=lambda entry: entry.stat().st_mtime_ns, reverse=True)

@@ -108,3 +108,18 @@ def test_only_the_newest_keys_are_kept(runs, tmp_path):
     assert len(kept) == payload_cache.KEEP_FINGERPRINTS
     assert payload_cache.fingerprint() in kept
     assert "old0" not in kept and f"old{payload_cache.KEEP_FINGERPRINTS + 1}" in kept
+
+
+def test_a_file_gone_while_the_key_is_computed_is_a_build_not_a_failed_task(runs, monkeypatch, tmp_path):
+    runs(1)
+    real_stat = os.stat
+
+    def vanishing(path, *args, **kwargs):  # a module_utils file removed by a checkout under way
+        if str(path).endswith(os.path.join("module_utils", "lock.py")):
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(payload_cache.os, "stat", vanishing)
+    monkeypatch.setattr(payload_cache, "_fingerprint", None)
+    _payload, built = runs(2)
+    assert built == 1
