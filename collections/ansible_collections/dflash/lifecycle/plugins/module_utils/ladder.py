@@ -61,7 +61,7 @@ def assess(main, stages, saves_on, saves_words):
             words.append(f"the trainer saves on {sig.name} ({saves_words}), but PID {main.pid} does not "
                          "catch it: it ends it without a checkpoint")
         elif state == "caught":
-            words.append(f"{sig.name} is caught by PID {main.pid}, but no checkpoint follows it"
+            words.append(f"{sig.name} is caught by PID {main.pid}, but no checkpoint is expected to follow it"
                          + (f" ({saves_words})" if saves_on is not None else "")
                          + " (Python's own KeyboardInterrupt handler shows as caught too)"
                          * (sig == signal.SIGINT))

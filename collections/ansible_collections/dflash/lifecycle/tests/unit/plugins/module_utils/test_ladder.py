@@ -31,7 +31,7 @@ def test_a_caught_sigint_alone_is_no_graceful_stage(fake):
     it wherever it is, a save included."""
     _d, stage, reason = assess(main_with(fake, cgt=BIT[signal.SIGINT]), SAVES_NOTHING)
     assert stage is None
-    assert reason.startswith("SIGINT is caught by PID 8, but no checkpoint follows it (saves_on=auto: a HF "
+    assert reason.startswith("SIGINT is caught by PID 8, but no checkpoint is expected to follow it (saves_on=auto: a HF "
                              "transformers Trainer trainer saves nothing on a signal) (Python's own")
     assert "can checkpoint" not in reason
 
@@ -49,7 +49,7 @@ def test_a_trainer_saving_on_sigint_that_ignores_it_has_no_graceful_stage(fake):
     """The field's stop: `nohup bash run.sh &` left SIGINT ignored, so the handler never runs."""
     _d, stage, reason = assess(main_with(fake, ign=BIT[signal.SIGINT], cgt=BIT[signal.SIGTERM]), SIGINT_SAVES)
     assert stage is None and reason.startswith("SIGINT is ignored by PID 8")
-    assert "SIGTERM is caught by PID 8, but no checkpoint follows it" in reason
+    assert "SIGTERM is caught by PID 8, but no checkpoint is expected to follow it" in reason
 
 
 def test_a_signal_it_saves_on_but_does_not_catch_is_no_graceful_stage(fake):
