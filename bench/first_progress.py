@@ -15,10 +15,13 @@ processes are the host's too). For each run it prints:
   moment it stops training) to the new run's first progress line, in three parts: the save (until
   the old trainer's process is gone), the handoff (until the new trainer's process starts: all of
   the tool's own work in between) and the start-up (until its first progress line);
-- the stop's own overhead and the preflight task's wall time, from the playbook's task times
+- the stop's own overhead and the preflight's, from the playbook's task times
   (bench/callback_plugins/task_seconds.py): a stop task's wall time less the trainer's save, or,
-  where the stop runs in the launch's call (a CT that runs alone), the time from that task's start
-  to the trainer's answer to SIGINT plus the handoff;
+  where the stop runs in the launch's call, the time from that task's start to the trainer's
+  answer to SIGINT plus the handoff; the preflight task's wall time. Where the preflight's own
+  call stops and launches (a CT that runs alone, nothing to push or stage: the bench's case), the
+  preflight is the time from that task's start to the stop's first signal (the call's way in, its
+  checks and the stop's look before it signals) and the stop's overhead is the handoff;
 - tasks run and pct calls.
 
 The trainer logs a progress line every profile_interval steps, counted from step 0: with the
@@ -186,13 +189,18 @@ class Bench:
             row["tasks"] = sum(1 for task in tasks if task["status"] == "done")
             by_name = {task["task"].split(" : ", 1)[-1]: task for task in tasks}  # less the role
             seconds = {name: task["seconds"] for name, task in by_name.items()}
-            if by_name["Stop the trainer in stages"]["status"] == "skipped":
+            preflight = by_name["Check GPUs, model, data, disk and the installed trainer in the CT"]
+            row["preflight"] = preflight["seconds"]
+            if by_name["Start the trainer and wait until it is healthy"]["status"] == "skipped":
+                # the preflight's call stopped and launched: its way to the stop's signal, then the handoff
+                row["preflight"] = preflight["stop_signalled_at"] - preflight["began_at"]
+                row["stop_overhead"] = row["handoff"]
+            elif by_name["Stop the trainer in stages"]["status"] == "skipped":
                 # the stop ran in the launch's call: its part is the way to the signal and the handoff
                 launch_began = by_name["Start the trainer and wait until it is healthy"]["began_at"]
                 row["stop_overhead"] = t["answer"] - launch_began + row["handoff"]
             else:
                 row["stop_overhead"] = seconds["Stop the trainer in stages"] - row["save"]
-            row["preflight"] = seconds["Check GPUs, model, data, disk and the installed trainer in the CT"]
         return row
 
 

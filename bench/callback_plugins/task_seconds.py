@@ -12,9 +12,20 @@ DOCUMENTATION = """
 name: task_seconds
 type: aggregate
 short_description: each task's seconds per host, for the benches
-description: Writes one JSON line per task and host (task name, host, seconds, began_at) to $DFLASH_BENCH_TASK_SECONDS.
+description: >-
+  Writes one JSON line per task and host (task name, host, seconds, began_at, and the moment of the
+  first signal of a stop the task ran) to $DFLASH_BENCH_TASK_SECONDS.
 requirements: [DFLASH_BENCH_TASK_SECONDS in the environment]
 """
+
+
+def signalled_at(res):
+    """When the stop in this task's result sent its first signal (the node's clock), or None: a stop
+    task's, a launch's stop_first, or the stop of a preflight that also launched."""
+    for stop in (res, res.get("stop"), (res.get("launch") or {}).get("stop")):
+        if isinstance(stop, dict) and stop.get("signalled_at") is not None:
+            return stop["signalled_at"]
+    return None
 
 
 class CallbackModule(CallbackBase):
@@ -39,6 +50,7 @@ class CallbackModule(CallbackBase):
             handle.write(json.dumps({"task": result._task.get_name(), "host": result._host.get_name(),
                                      "seconds": None if began is None else round(time.monotonic() - began, 3),
                                      "began_at": began_at,
+                                     "stop_signalled_at": signalled_at(result._result),
                                      "status": status}) + "\n")
 
     v2_runner_on_ok = v2_runner_on_failed = _done

@@ -330,6 +330,29 @@ def test_a_failed_launch_and_a_failed_rollback_fail_with_both_causes(testbed, tm
     prepare_ct300(testbed)  # a healthy launch of it clears the record
 
 
+def test_a_launch_that_fails_in_the_preflights_call_is_rescued_as_any_failed_launch(testbed):
+    """ct300 runs alone and its release is installed: the preflight's call stops the trainer and
+    launches the new one (one round trip). A launch failing there goes through the same rescue as
+    one that fails in its own task: the stop's checkpoint stated, the relaunch tried, both causes
+    named, nothing left running unsaid, the lock given back."""
+    prepare_ct300(testbed)
+    before = links(testbed)
+    res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", json.dumps({"dflash_env": {"DFLASH_TEST_CRASH_AT_START": "1"}}),
+                           check=False)
+    out = " ".join(res.stdout.split())
+    assert res.returncode != 0
+    preflight = next(block for block in res.stdout.split("\nTASK [")[1:]
+                     if block.startswith("trainer_preflight : Check GPUs"))
+    assert "fatal: [ct300]" in preflight and "exited with status 1" in preflight, preflight
+    assert re.search(r"ct300: release \w+ \(installed already\), stopped by SIGINT in [0-9.]+s, checkpoint "
+                     r"/workspace/checkpoints/step_\d+ \(step_dirs\) \(0 steps lost\), launch failed", out), out
+    assert "rollback failed: the trainer (PID" in out
+    assert "NO TRAINER IS RUNNING in this CT; newest checkpoint /workspace/checkpoints/step_" in out
+    assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout == ""
+    assert links(testbed) == before
+    prepare_ct300(testbed)  # the next job takes the CT: the lock was given back
+
+
 def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed):
     prepare_ct300(testbed)
     out_dir = "/workspace/ck-full"

@@ -87,6 +87,12 @@ def test_awx_rolling_redeploy_of_2_nodes_x_2_cts_with_a_code_change(seeded, tmp_
         args = in_ct(seeded, host, f"ps -o args= -p {entry['pid']}").stdout.strip()
         assert args == entry["command_line"]
         assert "--resume" in args and "/opt/dflash/current/train_dflash_pipeline.py" in args
+    # a release to push: the preflight's call launched nothing, and said why
+    preflights = [e["event_data"]["res"] for e in run.events if e["event"] == "runner_on_ok"
+                  and e["event_data"]["task"] == "Check GPUs, model, data, disk and the installed trainer in the CT"]
+    assert len(preflights) == 4
+    assert all(p["launch"] is None and p["launch_deferred"] == f"release {release} is to be pushed first"
+               for p in preflights), preflights
     # the batch ran in parallel: the four launches overlap in time
     starts = [e for e in run.events if e["event"] == "runner_on_start"
               and e["event_data"]["task"] == "Start the trainer and wait until it is healthy"]
@@ -119,12 +125,13 @@ def test_no_change_redeploy_stops_and_relaunches_without_a_push(seeded):
     assert pct_pushes(seeded) == pushes
     new = trainer_pids(seeded, "ct201")
     assert len(new) == 1 and new != old
-    # a CT that runs alone: the stop runs in the launch's own call, no task of its own; two pct
-    # calls in all (the preflight, then the stop and the launch)
+    # a CT that runs alone, nothing to push or stage: the preflight's call stops and launches, no
+    # task of their own; one pct call in all
     assert not task_ran(res.stdout, "Stop the trainer in stages")
+    assert not task_ran(res.stdout, "Start the trainer and wait until it is healthy")
     assert re.search(r"ct201: release \w+ \(installed already\), stopped by SIGINT in [0-9.]+s, checkpoint "
                      r"\S+ \(step_dirs\) \(0 steps lost\), PID \d+", " ".join(res.stdout.split())), res.stdout
-    assert len(job_calls) == 2, job_calls
+    assert len(job_calls) == 1, job_calls
 
 
 def test_a_modules_payload_built_by_one_run_is_not_built_again_by_the_next(seeded):
@@ -314,3 +321,18 @@ def test_the_stop_request_stops_a_trainer_in_a_long_c_call_and_a_request_not_tak
                      r"the stop request was not taken: no acknowledgement in /workspace/logs/train\.log within 3s "
                      r"\(request_ack_timeout\), and the signal ladder followed", res.out), res.out
     assert trainer_pids(seeded, "ct201") == []
+
+
+def test_a_long_stop_in_the_preflights_call_shows_its_progress(seeded):
+    """ct300 runs alone and its release is installed: its redeploy is one call (the preflight's
+    launch), whose stop waits 14 s for the trainer's interrupt checkpoint. Past 10 s the controller
+    shows the stop's progress, as it does for a stop task of its own."""
+    slow = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "14", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    seeded.playbook(REDEPLOY, "-l", "ct300", "-e", json.dumps(slow))  # the run that saves slowly
+    res = seeded.playbook(REDEPLOY, "-l", "ct300")
+    assert not task_ran(res.stdout, "Stop the trainer in stages")
+    assert not task_ran(res.stdout, "Start the trainer and wait until it is healthy")
+    assert re.search(r"ct300: stop stage 1 \(SIGINT\): [0-9.]+s of [0-9.]+s, \d+ process\(es\) of the run still running",
+                     res.stdout), res.stdout[-4000:]
+    assert re.search(r"ct300: release \w+ \(installed already\), stopped by SIGINT in 1[4-9]\.[0-9]+s, checkpoint "
+                     r"\S+ \(step_dirs\) \(0 steps lost\)", " ".join(res.stdout.split())), res.stdout[-4000:]

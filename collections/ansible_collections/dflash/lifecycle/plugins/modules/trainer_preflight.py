@@ -20,6 +20,11 @@ description:
     matches nothing in a directory holding files, fails naming what it holds and the layout that
     would match), and reports the layout, the newest complete checkpoint and what the trainer's
     resume would load (RV(checkpoint)).
+  - With O(launch), once every check passed and nothing is to be done between the checks and the
+    launch - O(release) is installed already, no model is to be staged - it launches in the same
+    call, exactly as M(dflash.lifecycle.trainer_process) with those options does, its stop first
+    included (RV(launch)). C(redeploy.yml) does this for a CT that runs alone, whose command line
+    depends on nothing the checks find; the whole redeploy is then one round trip into the CT.
 options:
   target_model:
     description: Target model directory.
@@ -217,6 +222,20 @@ options:
         type: str
         choices: [repair, fail]
         default: repair
+  launch:
+    description:
+      - The options of M(dflash.lifecycle.trainer_process), validated as that module validates them,
+        without its C(lock_*) options (this module's own lock covers the launch too). Run in this
+        call, after the checks, when every check passed, O(release) (when set) is installed already
+        and no model is to be staged (RV(model_stage_needed)); else RV(launch_deferred) says why,
+        nothing is stopped or started, and the job goes on as without it.
+      - A launch that ran ends the task as M(dflash.lifecycle.trainer_process) ends its own - a
+        failed one (the stop before it included) fails the task with the launch's result in
+        RV(launch) - and with O(lock_unlock) gives the lock back; a deferred one keeps the lock
+        for the job's next steps.
+      - Ignored in check mode (RV(launch_deferred)), where the launch's own task reports what it
+        would do.
+    type: dict
 extends_documentation_fragment:
   - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease
@@ -321,6 +340,17 @@ throughput_before:
     O(throughput.log_file), or that no log of this run is known).
   returned: when throughput is set and a trainer runs
   type: dict
+launch:
+  description: >-
+    With O(launch), the launch's result as M(dflash.lifecycle.trainer_process) returns it (C(pid),
+    C(stop), C(throughput), C(activated), C(resume), ...; C(failed) and C(msg) when it failed), or
+    null when it was deferred.
+  returned: when O(launch) is set
+  type: dict
+launch_deferred:
+  description: Why O(launch) was not run in this call (a release to push, a model to stage, check mode), or null.
+  returned: when O(launch) is set
+  type: str
 release_status:
   description: >-
     What M(dflash.lifecycle.trainer_release) V(status) returns for O(release) - C(present),
@@ -333,7 +363,7 @@ release_status:
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, leased, model_stage, preflight, proctable, progress, releases, trainer_finding)
+    checkpoint_formats, launch_call, leased, model_stage, preflight, proctable, progress, releases, trainer_finding)
 
 
 def main():
@@ -390,6 +420,7 @@ def main():
                 "files": {"type": "dict", "required": True},
                 "on_drift": {"type": "str", "choices": ["repair", "fail"], "default": "repair"},
             }},
+            "launch": {"type": "dict"},
         },
         supports_check_mode=True,
     )
@@ -398,7 +429,15 @@ def main():
 
 
 def check(module):
-    """The checks, and the module's answer."""
+    """The checks, the launch when one is asked and nothing is to be done before it, and the
+    module's answer."""
+    launch = None
+    if module.params["launch"] is not None:
+        try:
+            launch, secrets = launch_call.checked(module.params["launch"], "launch")
+        except launch_call.InvalidLaunch as err:
+            module.fail_json(msg=f"{err}; nothing was checked, stopped or started")
+        module.no_log_values.update(secrets)
     result = preflight.preflight(module.params)
     if module.params["gang_marks"] and result["checkpoint"] is not None:
         result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
@@ -451,7 +490,18 @@ def check(module):
         module.fail_json(msg="preflight failed: " + "; ".join(
             f"{c['check']}: {c['found']}" + (f" ({c['hint']})" if c["hint"] else "")
             for c in failed), **result)
-    module.exit_json(changed=False, **result)
+    if launch is None:
+        module.exit_json(changed=False, **result)
+    result["launch_deferred"] = launch_call.deferred(module.check_mode, module.params["release"], result)
+    if result["launch_deferred"]:
+        module.params["lock_unlock"] = False  # the job's next steps run under it
+        module.exit_json(changed=False, launch=None, **result)
+    try:
+        result["launch"] = launch_call.run(launch, False, module.warn)
+    except launch_call.LaunchFailed as err:
+        result["launch"] = dict(err.details, failed=True, msg=err.msg)
+        module.fail_json(msg=err.msg, **result)
+    module.exit_json(changed=True, **result)
 
 
 if __name__ == "__main__":

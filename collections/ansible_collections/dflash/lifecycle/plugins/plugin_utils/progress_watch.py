@@ -69,6 +69,21 @@ def stage_words(progress):
             + ("ETA unknown" if eta is None else f"ETA {eta:.0f}s"))
 
 
+def launch_watch(connection, args, host):
+    """(args, watch): a launch's module options (trainer_process's) with the file its progress goes
+    to set - in its run_dir, or beside its pidfile - and, with stop_first, the stop's; and the
+    ProgressWatch that shows both while the module runs."""
+    args = dict(args)
+    if not args.get("progress_file"):
+        run_dir = args.get("run_dir") or os.path.dirname(args.get("pidfile") or "/run/dflash/trainer.pid")
+        args["progress_file"] = os.path.join(run_dir, "launch.progress.json")
+    more = []
+    if isinstance(args.get("stop_first"), dict):  # the stop before the launch writes its own
+        stop = args["stop_first"] = dict(args["stop_first"], progress_file=stop_progress_file(args["stop_first"]))
+        more.append((stop["progress_file"], stop_words))
+    return args, ProgressWatch(connection, args["progress_file"], launch_words, host, more)
+
+
 class ProgressWatch:
     """Runs call() (the module) in a thread; while it runs past FIRST_AFTER seconds, shows
     the progress file's content, rendered by render, every EVERY seconds when it changed. more:

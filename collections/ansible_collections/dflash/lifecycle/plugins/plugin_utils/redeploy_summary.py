@@ -25,6 +25,15 @@ def _failed(result):
     return isinstance(result, dict) and bool(result.get("failed"))
 
 
+def _checks_of(preflight):
+    """The preflight's own outcome. A preflight that also launched (its launch option) fails by
+    that launch only once every check passed: the failure is the launch's, reported as the launch's
+    (the caller passes it as the launch)."""
+    if _failed(preflight) and _failed(preflight.get("launch")):
+        return {key: value for key, value in preflight.items() if key not in ("failed", "msg", "launch")}
+    return preflight
+
+
 def _msg(result):
     return " ".join(str((result or {}).get("msg") or "unknown error").split())
 
@@ -55,6 +64,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
     relaunch when there was one), failed_launch the launch that failed before it; gang_failure
     what stopped the CT's gang after a phase (its barrier's message); relaunched_after_stop: the
     gang's stop phase failed and the release of before runs again from its checkpoint."""
+    preflight = _checks_of(preflight)
     status = (preflight or {}).get("release_status") if _ok(preflight) else None
     release = (manifest or {}).get("release")
     release_words, changes = _release_words(release, status, install)

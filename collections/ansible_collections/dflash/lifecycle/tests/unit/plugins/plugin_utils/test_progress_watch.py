@@ -68,3 +68,14 @@ def test_a_launch_with_its_stop_first_shows_the_stop_then_the_launch(monkeypatch
     assert watch.run(lambda: time.sleep(0.35) or {"ok": 1}) == {"ok": 1}
     assert shown == ["ct1: waiting for health: 12.5s of 300s, no progress line yet",
                      "ct1: stop stage 1 (SIGINT): 12.0s of 120s, 1 process(es) of the run still running"]
+
+
+def test_a_launchs_progress_files_are_set_for_it_and_for_its_stop_first():
+    """The launch's options as trainer_process's action and the preflight's (its launch) send them."""
+    args, watch = progress_watch.launch_watch(None, {"run_dir": "/run/dflash", "pidfile": "/run/dflash/trainer.pid",
+                                                     "stop_first": {"detach_dir": "/run/dflash"}}, "ct200")
+    assert args["progress_file"] == "/run/dflash/launch.progress.json"
+    assert args["stop_first"]["progress_file"] == "/run/dflash/stop.progress.json"
+    assert [path for path, _render in watch.files] == ["/run/dflash/launch.progress.json", "/run/dflash/stop.progress.json"]
+    args, watch = progress_watch.launch_watch(None, {"pidfile": "/var/run/t/trainer.pid"}, "ct200")
+    assert args["progress_file"] == "/var/run/t/launch.progress.json" and len(watch.files) == 1

@@ -94,6 +94,23 @@ def test_a_failed_launch_and_a_failed_rollback_give_both_causes_and_no_command_l
     assert data["pid"] is None and data["rolled_back_to"] is None
 
 
+def test_a_launch_that_failed_in_the_preflights_call_is_the_launchs_failure_not_the_preflights():
+    """A CT that runs alone, nothing to push: the preflight's call stopped and launched (its launch
+    option), and failed by that launch only after every check passed."""
+    failed = {"failed": True, "msg": "the trainer (PID 50) exited with status 1", "stop": STOP}
+    preflight = dict(PREFLIGHT, release_status=dict(STATUS, present=True), failed=True, msg=failed["msg"],
+                     launch=failed)
+    data, lines = summarize(manifest=MANIFEST, preflight=preflight, stop=STOP, failed_launch=failed,
+                            launch=dict(LAUNCH, pid=51))
+    assert lines[0].startswith("ct200: release new1 (installed already), stopped by SIGINT in 2.5s, checkpoint "
+                               "/ck/step_9 (0 steps lost), PID 51"), lines
+    assert data["errors"] == ["launch failed: the trainer (PID 50) exited with status 1"]
+    assert lines[1] == "launch failed: the trainer (PID 50) exited with status 1"
+    # a check that failed is the preflight's own (the call launched nothing)
+    data, _lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, failed=True, msg="preflight failed: gpus"))
+    assert data["errors"] == ["preflight failed: preflight failed: gpus"]
+
+
 def test_check_mode_and_untouched_trainer():
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT,
                             stop={"changed": True, "stopped": False, "msg": "would stop PID 9 and 2 more"},

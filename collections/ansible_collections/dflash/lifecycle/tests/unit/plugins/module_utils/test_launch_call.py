@@ -1,0 +1,41 @@
+"""module_utils/launch_call.py: launch options given to the preflight are validated as
+trainer_process's own, and the preflight's call launches only when nothing is to be done before."""
+
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
+
+OPTIONS = {"command": ["/bin/sh", "/run/dflash/trainer.sh"], "pidfile": "/run/dflash/trainer.pid",
+           "log_file": "/workspace/logs/train.log", "secrets_env": "HF_TOKEN=hf_secret\n",
+           "stop_first": {"pidfile": "/run/dflash/trainer.pid"}}
+INSTALLED = {"release_status": {"present": True}, "model_stage_needed": False}
+RELEASE = {"base": "/opt/dflash", "release": "3f2a9c0d1e2b4a5f", "files": {}}
+
+
+def test_launch_options_get_trainer_process_defaults_and_their_secrets_are_named():
+    params, secrets = launch_call.checked(OPTIONS, "launch")
+    assert params["health_seconds"] == 5 and params["refuse_busy"] is True and params["activate"] is None
+    assert params["stop_first"] == OPTIONS["stop_first"]  # validated by the stop itself, as stop_first always is
+    assert "HF_TOKEN=hf_secret\n" in secrets  # kept out of the task's output (no_log)
+
+
+@pytest.mark.parametrize("options, named", [
+    ("not a mapping", "must be a mapping of dflash.lifecycle.trainer_process's options"),
+    ({"pidfile": "/run/dflash/trainer.pid", "log_file": "/l"}, "missing required arguments: command"),
+    (dict(OPTIONS, lock_unlock=True), "lock_unlock"),  # the launch runs under the preflight's own lock
+    (dict(OPTIONS, health_seconds="soon"), "argument 'health_seconds' is of type str"),
+])
+def test_bad_launch_options_are_refused_naming_the_option(options, named):
+    with pytest.raises(launch_call.InvalidLaunch) as err:
+        launch_call.checked(options, "launch")
+    assert str(err.value).startswith("launch: ") and named in str(err.value), str(err.value)
+
+
+def test_the_preflights_call_launches_only_when_nothing_is_to_be_done_before_the_launch():
+    assert launch_call.deferred(False, RELEASE, INSTALLED) is None
+    assert launch_call.deferred(False, None, dict(INSTALLED, release_status=None)) is None  # no release to compare
+    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, release_status={"present": False})) == (
+        "release 3f2a9c0d1e2b4a5f is to be pushed first")
+    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, model_stage_needed=True)) == (
+        "a model is to be staged between the stop and the launch")
+    assert launch_call.deferred(True, RELEASE, INSTALLED).startswith("check mode")
