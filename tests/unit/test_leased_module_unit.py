@@ -107,3 +107,18 @@ def test_a_crash_in_the_call_that_took_the_lock_gives_it_back_and_one_that_renew
     call(capsys, {"lock_path": lock_path, "lock_holder": "alice run 2"})
     crash({"lock_path": lock_path, "lock_holder": "alice run 2"})
     assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "alice run 2"
+
+
+def test_a_call_that_goes_on_to_another_phase_records_it_in_the_lock(capsys, lock_path):
+    """The preflight's call that launches too is in its launch: a refusal and `make status` say so."""
+    with patch_module_args({"lock_path": lock_path, "lock_holder": "alice run 1", "lock_ttl": 60}), \
+            mock.patch.object(_internal, "is_controller", False), pytest.raises(SystemExit):
+        module = leased.LeasedModule(argument_spec={}, phase="preflight", supports_check_mode=True)
+        assert json.load(open(lock_path, encoding="utf-8"))["phase"] == "preflight"
+        module.enter_phase("launch")
+        assert json.load(open(lock_path, encoding="utf-8"))["phase"] == "launch"
+        module.exit_json(changed=False)
+    result = json.loads(capsys.readouterr().out)
+    assert result["lock"]["phase"] == "launch" and result["lock"]["holder"] == "alice run 1"
+    refused = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
+    assert "last phase: launch" in refused["msg"]

@@ -82,6 +82,17 @@ class LeasedModule(AnsibleModule):
             if self.lease["taken_over_from"]:
                 self.warn(self.lease["msg"])
 
+    def enter_phase(self, phase):
+        """Record in the lock (renewed) that this call went on to another phase of its job: the
+        preflight's call that launches too is in the launch, as a refusal and `make status` say."""
+        if self.lease is None:
+            return
+        try:
+            renewed = lock.take(self.params["lock_path"], self.params["lock_holder"], self.params["lock_ttl"], None, phase)
+        except lock.LockHeld as err:
+            self.fail_json(msg=f"{err} Nothing was stopped or started.", holder=err.holder)
+        self.lease.update({key: renewed[key] for key in ("since", "expires", "phase")})
+
     @contextlib.contextmanager
     def lock_given_back_on_a_crash(self):
         """Around the work of a call that takes the lock for its job (the preflight): a crash ends

@@ -496,6 +496,7 @@ def check(module):
     if result["launch_deferred"]:
         module.params["lock_unlock"] = False  # the job's next steps run under it
         module.exit_json(changed=False, launch=None, **result)
+    module.enter_phase("launch")
     try:
         result["launch"] = launch_call.run(launch, False, module.warn)
     except launch_call.LaunchFailed as err:
