@@ -115,7 +115,12 @@ class LogReader:
     def window(self, lines, count, warmup):
         """The run's throughput over its last `count` progress lines after the first `warmup`:
         median tok/s, the steps it spans, and each stage's median average and largest maximum
-        from the ProfileStats lines in that span. tokens_per_s is None without such lines."""
+        from the ProfileStats lines in that span. tokens_per_s is None without such lines.
+        Only the log's tail is parsed when it holds warmup + count progress lines: the window is
+        then its last count (a 1 MiB log is ten thousand lines, read on a redeploy's way to its stop)."""
+        start = self._window_start(lines, count, warmup)
+        if start:
+            lines, warmup = lines[start:], 0
         progress, profiles = [], []
         for line in lines:
             point = self.progress(line)
@@ -137,6 +142,20 @@ class LogReader:
                 report["stages"][name] = {"avg_ms": round(median(averages), 3),
                                           "max_ms": max(peaks) if peaks else None}
         return report
+
+
+    def _window_start(self, lines, count, warmup):
+        """The index of the first of the last count progress lines, when at least warmup + count
+        are there (the warm-up then lies before the window); else 0, the whole log."""
+        found = 0
+        for index in range(len(lines) - 1, -1, -1) if count > 0 else ():
+            if self.progress(lines[index]) is not None:
+                found += 1
+                if found == count:
+                    start = index
+                if found == count + warmup:
+                    return start
+        return 0
 
 
 def launch_line(release, run_id, now=None):

@@ -92,6 +92,34 @@ def test_profile_stats_and_the_window_after_the_warm_up():
                                                            "last_step": None, "stages": {}}
 
 
+def test_the_window_of_a_long_log_is_read_from_its_tail_alone(monkeypatch):
+    """A trainer that logs every 10 steps, with ProfileStats lines and other lines in between:
+    the window read from the tail is the one the whole log gives, lines' spans and stages alike."""
+    reader = progress.LogReader()
+    lines = []
+    for step in range(10, 3010, 10):
+        lines += [f"step {step} loss 2.1 tok/s {1000 + step % 70}.0",
+                  f"[ProfileStats step {step}] data avg {step % 7}.00ms max 9.00ms | drafter avg 40.00ms max {step % 50}.00ms",
+                  "saving nothing yet", ""]
+    whole = progress.LogReader()
+    whole._window_start = lambda _lines, _count, _warmup: 0  # every line parsed, as before
+    expected = whole.window(lines, count=5, warmup=1)
+    assert (expected["lines"], expected["first_step"], expected["last_step"]) == (5, 2960, 3000)
+    calls = []
+    counted = progress.LogReader.progress
+
+    def counting(self, line):
+        calls.append(line)
+        return counted(self, line)
+
+    monkeypatch.setattr(progress.LogReader, "progress", counting)
+    assert reader.window(lines, count=5, warmup=1) == expected
+    assert len(calls) < 60  # the tail (6 progress lines back), then the window: not 1200 lines
+    # fewer lines than warm-up + window: the whole log, the warm-up left out, as before
+    assert reader.window(lines[:16], count=5, warmup=1)["first_step"] == 20
+    assert reader.window(lines, count=0, warmup=1)["lines"] == 0
+
+
 def test_a_stage_regex_needs_stage_and_avg():
     with pytest.raises(ValueError):
         progress.LogReader(profile_stage_regex=r"(\w+) (\d+)ms")
