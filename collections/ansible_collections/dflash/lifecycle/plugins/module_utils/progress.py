@@ -143,7 +143,6 @@ class LogReader:
                                           "max_ms": max(peaks) if peaks else None}
         return report
 
-
     def _window_start(self, lines, count, warmup):
         """The index of the first of the last count progress lines, when at least warmup + count
         are there (the warm-up then lies before the window); else 0, the whole log."""
