@@ -12,6 +12,9 @@ next_bin=${2:?}
 torch_python=${3:?}
 shift 3
 logs="$repo/artifacts/test"
+# ansible-core refuses to run when its stdin is non-blocking (a pipe a CI runner set O_NONBLOCK on is
+# inherited by every job a test starts); no test reads stdin
+exec < /dev/null
 rm -rf "$logs" && mkdir -p "$logs"
 cd "$repo"
 

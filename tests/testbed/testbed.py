@@ -131,6 +131,19 @@ def write(path, text, mode=0o644):
     os.chmod(path, mode)
 
 
+def remove_tree(path):
+    """shutil.rmtree, letting a file vanish under it: an ssh master of the tests (ControlPath in
+    the state directory) removes its own socket as it exits when its node's sshd goes down."""
+    def gone_already(_function, _path, error):
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=gone_already)
+    else:
+        shutil.rmtree(path, onerror=lambda function, name, info: gone_already(function, name, info[1]))
+
+
 def read_cmdline(pid):
     """The command line as one string (sshd rewrites its argv into a title)."""
     try:
@@ -418,7 +431,7 @@ class Testbed:
             netns = pct.cluster_netns(self.state_dir)
             if netns in run(["ip", "netns", "list"]).stdout.split():
                 run(["ip", "netns", "del", netns])
-            shutil.rmtree(self.state_dir)
+            remove_tree(self.state_dir)
         log(f"down: removed {self.state_dir}")
 
     def down_node(self, name):
