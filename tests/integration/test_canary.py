@@ -103,9 +103,11 @@ def test_a_slower_release_under_fail_stops_the_rollout_after_the_canary_batch(ru
 def test_the_log_the_running_trainer_writes_is_read_even_when_moved(running):
     # log_file moved away under the running trainer: it goes on writing the same file, there
     in_ct(running, "ct201", "mv /workspace/logs/train.log /workspace/logs/moved.log")
-    res = redeploy(running, "ct201", redeploy_canary_policy="fail")
+    # the figures of one run on both sides pass; the 3 lines each side read vary by 10% when the tests
+    # load both CPUs, where another run's figures (a wrong log) differ many times over
+    res = redeploy(running, "ct201", redeploy_canary_policy="fail", redeploy_canary_threshold=-25)
     assert res.returncode == 0, res.stdout
-    assert re.search(r"canary: tok/s [0-9.]+ -> [0-9.]+ \([-+][0-9.]+%, threshold -5.0%\).*; before: read "
+    assert re.search(r"canary: tok/s [0-9.]+ -> [0-9.]+ \([-+][0-9.]+%, threshold -25.0%\).*; before: read "
                      r"/workspace/logs/moved.log \(the trainer's stdout\), not log_file /workspace/logs/train.log", res.out), res.out
 
 
