@@ -56,21 +56,26 @@ def test_hostile_values_in_paths_args_env_and_file_names(testbed, tmp_path):
 
 
 def test_secrets_stay_out_of_ps_logs_vvv_and_awx_artifacts(testbed, tmp_path):
-    private = tmp_path / "awx"
-    private.mkdir()
-    run = ansible_runner.run(
-        private_data_dir=str(private), playbook=REDEPLOY, project_dir=REPO,
-        inventory=TESTBED_INVENTORY, limit=CT, verbosity=3,
-        extravars={"dflash_secret_env": {"HF_TOKEN": SECRET}, "awx_job_id": 7,
-                   "awx_user_name": "admin"}, quiet=True)
-    assert run.status == "successful", run.stdout.read()
+    # two jobs: the second one's release is installed, so its preflight's call launches (the secret
+    # in its launch option), where the first may push and launch in a call of its own
+    for job in (1, 2):
+        private = tmp_path / f"awx{job}"
+        private.mkdir()
+        run = ansible_runner.run(
+            private_data_dir=str(private), playbook=REDEPLOY, project_dir=REPO,
+            inventory=TESTBED_INVENTORY, limit=CT, verbosity=3,
+            extravars={"dflash_secret_env": {"HF_TOKEN": SECRET}, "awx_job_id": 7,
+                       "awx_user_name": "admin"}, quiet=True)
+        assert run.status == "successful", run.stdout.read()
+    assert any(isinstance(e["event_data"].get("res", {}).get("launch"), dict) for e in run.events
+               if e["event"] == "runner_on_ok" and e["event_data"]["task"].startswith("Check GPUs, model"))
     (pid,) = in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py").stdout.split()
     assert SECRET in in_ct(testbed, f"cat /proc/{pid}/environ").stdout  # it did arrive
     assert SECRET not in in_ct(testbed, "ps -eo args").stdout
     assert SECRET not in in_ct(testbed, "cat /workspace/logs/train.log /run/dflash/trainer.sh").stdout
     # env/ holds the job's inputs (the extra vars AWX was given); artifacts/ is what it produced
-    found = subprocess.run(["grep", "-rl", SECRET, str(private / "artifacts")], capture_output=True, text=True,
-                           check=False).stdout
+    found = subprocess.run(["grep", "-rl", SECRET, str(tmp_path / "awx1" / "artifacts"), str(tmp_path / "awx2" / "artifacts")],
+                           capture_output=True, text=True, check=False).stdout
     assert found == "", f"secret in AWX artifacts: {found}"
     assert in_ct(testbed, "stat -c '%a %U' /run/dflash /run/dflash/secrets.env "
                           "/run/dflash/trainer.sh").stdout.split() == [
