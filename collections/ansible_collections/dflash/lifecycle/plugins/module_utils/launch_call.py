@@ -91,6 +91,7 @@ def checked(options, where):
     validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(options)
     if validated.error_messages:
         raise InvalidLaunch("; ".join(f"{where}: {message}" for message in validated.error_messages))
+    # the secret values AnsibleModule itself takes from its own validation (basic.py reads the same)
     return validated.validated_parameters, validated._no_log_values
 
 

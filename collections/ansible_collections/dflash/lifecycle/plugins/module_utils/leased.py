@@ -66,32 +66,30 @@ class LeasedModule(AnsibleModule):
         self.lease = None  # set before AnsibleModule can exit on a bad argument
         self.took_lock = False
         super().__init__(argument_spec={**argument_spec, **ARGUMENT_SPEC}, **kwargs)
-        holder = self.params["lock_holder"]
-        if holder:
-            phase = phase(self.params) if callable(phase) else phase
-            try:
-                self.lease = lock.take(self.params["lock_path"], holder, self.params["lock_ttl"],
-                                       self.params["lock_takeover"], phase)
-            except lock.LockHeld as err:
-                self.fail_json(msg=f"{err} Now in this CT: {ct_state(self.params['lock_path'])}.",
-                               holder=err.holder)
-            except rundir.UnsafePath as err:
-                self.fail_json(msg=f"lock_path: {err}")
+        if self.params["lock_holder"]:
+            self.lease = self._take(phase(self.params) if callable(phase) else phase)
             self.took_lock = self.lease.pop("changed")  # the module's own work decides changed
             self.lease["released"] = False
             if self.lease["taken_over_from"]:
                 self.warn(self.lease["msg"])
 
+    def _take(self, phase):
+        """Take or renew the lock for this call's job, recording its phase; a lock another job
+        holds fails the call, saying what runs in the CT."""
+        try:
+            return lock.take(self.params["lock_path"], self.params["lock_holder"], self.params["lock_ttl"],
+                             self.params["lock_takeover"], phase)
+        except lock.LockHeld as err:
+            self.fail_json(msg=f"{err} Now in this CT: {ct_state(self.params['lock_path'])}.", holder=err.holder)
+        except rundir.UnsafePath as err:
+            self.fail_json(msg=f"lock_path: {err}")
+
     def enter_phase(self, phase):
         """Record in the lock (renewed) that this call went on to another phase of its job: the
         preflight's call that launches too is in the launch, as a refusal and `make status` say."""
-        if self.lease is None:
-            return
-        try:
-            renewed = lock.take(self.params["lock_path"], self.params["lock_holder"], self.params["lock_ttl"], None, phase)
-        except lock.LockHeld as err:
-            self.fail_json(msg=f"{err} Nothing was stopped or started.", holder=err.holder)
-        self.lease.update({key: renewed[key] for key in ("since", "expires", "phase")})
+        if self.lease is not None:
+            renewed = self._take(phase)
+            self.lease.update({key: renewed[key] for key in ("since", "expires", "phase")})
 
     @contextlib.contextmanager
     def lock_given_back_on_a_crash(self):
