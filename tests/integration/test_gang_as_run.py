@@ -27,6 +27,11 @@ def gang(tmp_path_factory):
     yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11")
 
 
+def in_each_ct(gang, command):
+    """What command prints in each CT of the gang, for a failure's message."""
+    return "\n".join(f"{host}: {gang.sh(host, command, check=False)}" for host in CTS)
+
+
 def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     """The common pattern: rank 0 saves, the other ranks leave on KeyboardInterrupt at once, so
     ct401's stop ends before ct400's rank 0 has renamed its checkpoint into place: here the save
@@ -44,7 +49,9 @@ def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     gang.sh("ct401", "rm -f /run/dflash/stop.result.json")
     stopping = gang.start("stop", alone)
     try:  # ct401's own stop ends (its result written), then rank 0's save may land
-        gang.live.wait_in_ct("gn2", 401, "test -s /run/dflash/stop.result.json", 300, "ct401's stop did not end")
+        gang.live.wait_in_ct("gn2", 401, "test -s /run/dflash/stop.result.json", 300, "ct401's stop did not end",
+                             lambda: in_each_ct(gang, "cat /run/dflash/stop.progress.json /run/dflash/redeploy.lock; "
+                                                      "ps -eo pid,stat,etime,args"))
     finally:
         gang.sh("ct400", f"touch {release}")
     res = gang.finish(stopping)
