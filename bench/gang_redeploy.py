@@ -73,7 +73,7 @@ def redeploy(inventory, limit, extra=(), fails=False):
     if (res.returncode != 0) != fails:
         raise SystemExit(f"redeploy -l {limit} exited {res.returncode}:\n{res.stdout[-5000:]}")
     out = " ".join(res.stdout.split())
-    skew = re.search(r"stop signalled together \(skew ([0-9.]+) ms", out)
+    skew = re.search(r"stop signalled together \(skew of the signals sent ([0-9.]+) ms", out)
     margin = re.search(r"; margin ([0-9.]+) s, .*?(?:ready (?:only )?([0-9.]+) s (before|after) the moment)", out)
     tasks = [int(m.group(1)) + int(m.group(2)) for m in re.finditer(r": ok=(\d+)\s+changed=(\d+)", res.stdout)]
     spare = (float(margin.group(2)) * (1 if margin.group(3) == "before" else -1)) if margin else None

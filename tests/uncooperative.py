@@ -42,12 +42,16 @@ def default_signals():
 class Trainer:
     """The example trainer in tmp: saves every save_every steps, each save taking slow s (and
     a quiet pause after its first file), a progress line every log_every steps, stdout to
-    tmp/own.log (not the log file any setting names)."""
+    tmp/own.log (not the log file any setting names). held_log: its progress goes to tmp/train.log
+    instead, through a logging.FileHandler it holds open, and that is the log file the stop is
+    told of (configured_log); stdout, tmp/own.log, then has no progress line."""
 
-    def __init__(self, tmp, layout, save_every=40, slow=1.0, pause=0.0, log_every=1, env=None):
+    def __init__(self, tmp, layout, save_every=40, slow=1.0, pause=0.0, log_every=1, env=None, held_log=False):
         self.layout = layout
         self.out = os.path.join(tmp, "checkpoints")
-        self.log = os.path.join(tmp, "own.log")
+        self.stdout = os.path.join(tmp, "own.log")
+        self.log = os.path.join(tmp, "train.log") if held_log else self.stdout
+        self.configured_log = self.log if held_log else "/nonexistent/configured.log"
         self.tmpdir = os.path.join(tmp, "tmp")  # Lightning's temporary files: a save is visible there
         for path in (self.out, self.tmpdir, os.path.join(tmp, "data")):
             os.makedirs(path, exist_ok=True)
@@ -57,17 +61,22 @@ class Trainer:
                     "DFLASH_TEST_SAVES_ON": "none", **(env or {})}
         if layout != "step_dirs":
             full_env["DFLASH_TEST_CHECKPOINT_LAYOUT"] = layout
+        if held_log:
+            full_env["DFLASH_TEST_LOG_FILE"] = self.log
         argv = [sys.executable, "-u", TRAINER, "--target-model", os.path.join(tmp, "model"),
                 "--data-dir", os.path.join(tmp, "data"), "--output-dir", self.out, *ARGS,
                 "--save-interval", str(save_every), "--profile-interval", str(log_every)]
-        with open(self.log, "ab") as log:
+        with open(self.stdout, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          preexec_fn=default_signals)
 
     def text(self):
-        with open(self.log, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        try:
+            with open(self.log, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:  # a held log not opened yet
+            return ""
 
     def last_logged_step(self):
         steps = PROGRESS.findall(self.text())
@@ -121,7 +130,7 @@ def stop(trainer, saves_on="auto", **options):
     """The staged stop of trainer, as the module runs it in a CT: its result (or StopFailed's),
     and the wall time it began."""
     params = {"pid": trainer.proc.pid, "pattern": re.escape(trainer.out), "saves_on": saves_on, "ladder": LADDER, "graceful_wait_cap": 30,
-              "next_checkpoint_timeout": 60, "log_file": "/nonexistent/configured.log",
+              "next_checkpoint_timeout": 60, "log_file": trainer.configured_log,
               "step_regex": r"\bstep (\d+) epoch", **options}
     began = time.time()
     try:

@@ -108,7 +108,7 @@ def test_the_log_the_running_trainer_writes_is_read_even_when_moved(running):
     res = redeploy(running, "ct201", redeploy_canary_policy="fail", redeploy_canary_threshold=-25)
     assert res.returncode == 0, res.stdout
     assert re.search(r"canary: tok/s [0-9.]+ -> [0-9.]+ \([-+][0-9.]+%, threshold -25.0%\).*; before: read "
-                     r"/workspace/logs/moved.log \(the trainer's stdout\), not log_file /workspace/logs/train.log", res.out), res.out
+                     r"/workspace/logs/moved.log \(stdout\), not log_file /workspace/logs/train.log", res.out), res.out
 
 
 def hand_start(testbed, host, output):
@@ -136,14 +136,15 @@ def test_a_trainer_started_by_hand_is_judged_by_its_own_log(running):
     assert re.search(r"stopped by SIGINT in [0-9.]+s, checkpoint \S+/step_\d+ \(step_dirs\) \(0 steps lost\)", res.out), res.out
     figures = re.search(r"canary: tok/s ([0-9.]+) -> ([0-9.]+) \(([-+][0-9.]+)%", res.out)
     assert figures and float(figures.group(1)) > 100, res.out  # this run's figure, not the older run's 1.0
-    assert "before: read /root/train.log (the trainer's stdout), not log_file /workspace/logs/train.log" in res.out
+    assert "before: read /root/train.log (stdout), not log_file /workspace/logs/train.log" in res.out
 
     hand_start(running, "ct200", "/dev/null")
     in_ct(running, "ct200", older_run)
     res = redeploy(running, "ct200", redeploy_canary_policy="fail")
     assert res.returncode == 0, res.stdout
     assert re.search(r"canary: tok/s unknown -> [0-9.]+ \(not compared: the log of the old run had no progress line "
-                     r"\(no log of this run: PID \d+: its stdout is /dev/null, its stderr is /dev/null; "
+                     r"\(no log of this run: PID \d+ holds no regular file open for writing \(its stdout is /dev/null, its stderr is "
+                     r"/dev/null\); "
                      r"/workspace/logs/train.log was last written before the trainer started", res.out), res.out
 
 

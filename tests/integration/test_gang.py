@@ -127,7 +127,7 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
     res = gang.make("restart", {"trainer_code_src": release})
     assert res.returncode == 0, res.stdout[-6000:]
     head = re.search(rf"gang {GANG} \(2 CTs, c10d rendezvous at 10\.77\.9\.1:29500\): release (\w+), stop signalled "
-                     rf"together \(skew ([0-9.]+) ms, ct40[01] first{MARGIN}\), checkpoint {CKPT}/(?P<checkpoint>step_\d+) "
+                     rf"together \(skew of the signals sent ([0-9.]+) ms, ct40[01] first{MARGIN}\), checkpoint {CKPT}/(?P<checkpoint>step_\d+) "
                      r"\(0 steps lost\), every CT running; ct400 logs ([0-9.]+) tok/s; canary: tok/s [0-9.]+ -> [0-9.]+ ",
                      res.out)
     assert head, res.out
@@ -220,7 +220,7 @@ def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang)
     saved = re.findall(rf"ok: \[ct40[01]\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
                        rf"({CKPT}/step_\d+)", res.out)
     assert len(saved) == 2 and len(set(saved)) == 1, res.out  # both CTs see the one checkpoint ct400's rank 0 wrote
-    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first{MARGIN}\) "
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew of the signals sent [0-9.]+ ms, ct40[01] first{MARGIN}\) "
                         rf"\(ct40[01] \+0\.0 ms, ct40[01] \+[0-9.]+ ms\), checkpoint {saved[0]}", res.out)
     assert stopped, res.out
     assert_margin_measured(stopped)
@@ -244,7 +244,7 @@ def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous
     old = {host: gang.run(host) for host in CTS}
     res = gang.make("rollback", TAKES_REQUESTS)
     assert res.returncode == 0, res.stdout[-6000:]
-    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew [0-9.]+ ms, ct40[01] first{MARGIN}\) "
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew of the signals sent [0-9.]+ ms, ct40[01] first{MARGIN}\) "
                         rf"\([^)]*\), checkpoint (?P<checkpoint>{CKPT}/step_\d+)", res.out)
     assert stopped, res.out
     assert_margin_measured(stopped)
@@ -271,7 +271,7 @@ def test_9_make_stop_of_ranks_that_take_the_request_stops_every_rank_at_one_step
         steps[host] = int(line.group(1))
     assert len(set(steps.values())) == 1, steps
     step = steps["ct400"]
-    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop requested together \(skew [0-9.]+ ms, ct40[01] first; the ranks "
+    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop requested together \(skew of the requests written [0-9.]+ ms, ct40[01] first; the ranks "
                         rf"of every CT stopped at step {step}{MARGIN}\) \([^)]*\), checkpoint {CKPT}/step_{step}\b", res.out)
     assert stopped, res.out
     assert all(gang.run(host) == (None, []) for host in CTS)

@@ -62,7 +62,11 @@ def assert_one_verdict(trainer, result, began):
         assert loss["steps_lost"] == logged - ckpt["new_step"], (logged, loss)
     else:
         assert loss["ahead_of_log"] == ckpt["new_step"] - logged, (logged, loss)
-    assert result["log"]["path"] == trainer.log and f"log: read {trainer.log} (the trainer's stdout), not log_file" in msg
+    assert result["log"]["path"] == trainer.log, result["log"]
+    if trainer.log == trainer.stdout:
+        assert f"log: read {trainer.log} (stdout), not log_file" in msg, msg
+    else:  # the log file it holds open is the configured one: nothing more to say of it
+        assert result["log"]["source"] == f"held open by PID {trainer.proc.pid}" and "log:" not in msg, msg
     return name
 
 
@@ -75,9 +79,15 @@ def assert_signalled_right_after(trainer, result, name):
     assert landed and landed[0]["path"].endswith(name), result["timeline"]
 
 
+# where the progress lines go: the trainer's stdout, or a log file its logging FileHandler holds
+# open (the configured log) while its stdout has none
+LOGS = ("stdout", "held log")
+
+
+@pytest.mark.parametrize("log", LOGS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_save_under_way_when_the_stop_begins_is_the_stops(trainers, layout):
-    trainer = trainers(layout, save_every=25, slow=0.6)
+def test_a_save_under_way_when_the_stop_begins_is_the_stops(trainers, layout, log):
+    trainer = trainers(layout, save_every=25, slow=0.6, held_log=log == "held log")
     trainer.wait_for_save_under_way()
     result, began = stop(trainer, careful(layout))
     name = assert_one_verdict(trainer, result, began)
@@ -97,9 +107,10 @@ def test_a_save_quiet_for_longer_than_the_activity_window_is_waited_for(trainers
     assert_signalled_right_after(trainer, result, name)
 
 
+@pytest.mark.parametrize("log", LOGS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_periodic_saves_every_fraction_of_a_second_stop_at_the_first_that_lands(trainers, layout):
-    trainer = trainers(layout, save_every=10, slow=0.2, log_every=10)
+def test_periodic_saves_every_fraction_of_a_second_stop_at_the_first_that_lands(trainers, layout, log):
+    trainer = trainers(layout, save_every=10, slow=0.2, log_every=10, held_log=log == "held log")
     trainer.wait_for_saves(3)
     result, began = stop(trainer, careful(layout))
     name = assert_one_verdict(trainer, result, began)

@@ -25,13 +25,13 @@ import dflash_stop_request  # noqa: E402
 def trainers(tmp_path):
     started = []
 
-    def start(layout="step_dirs", request=True, **env):
+    def start(layout="step_dirs", request=True, held_log=False, **env):
         tmp = str(tmp_path / f"run{len(started)}")
         os.makedirs(tmp)
         if request:
             env.setdefault("DFLASH_TEST_STOP_REQUEST", "take")
             env["DFLASH_STOP_REQUEST"] = os.path.join(tmp, "stop-request")
-        trainer = Trainer(tmp, layout, save_every=1000, log_every=10, env=env)
+        trainer = Trainer(tmp, layout, save_every=1000, log_every=10, env=env, held_log=held_log)
         trainer.request = os.path.join(tmp, "stop-request")
         started.append(trainer)
         wait_for(trainer, "step 20 ")
@@ -88,6 +88,22 @@ def test_an_hf_trainer_takes_the_request_through_its_callback(trainers):
     assert ckpt["written"] and os.path.basename(ckpt["new"]) == f"checkpoint-{result['request']['acknowledged']['step']}"
     found = framework_finds(trainer, [ckpt["new"]])
     assert found["pick_loads"] == ckpt["new_step"], found
+    assert "0 steps lost (the trainer saved on the stop request and exited)" in result["msg"], result["msg"]
+
+
+def test_a_stop_the_request_ended_warns_of_no_signal_and_finds_its_lines_beside_the_log(trainers):
+    """saves_on=auto on an HF Trainer with no checkpoint yet (what it does on a signal is not
+    known): the request ends it, no signal is sent, so no note warns of signals; their facts stay
+    in the result as the fallback's. Its progress goes to a log file its FileHandler holds open,
+    while the helper prints the request's lines to stdout: both are read."""
+    trainer = trainers("hf_trainer", held_log=True)
+    result, _ = stop(trainer)
+    assert trainer.proc.returncode == 0 and signals(result) == [], result["msg"]
+    assert result["request"]["taken"] and trainer.stdout in result["request"]["words"], result["request"]
+    assert result["notes"] == [], result["notes"]
+    assert "not known" in result["graceful_reason"] and result["signal_dispositions"]["SIGINT"] == "caught"
+    assert result["log"]["path"] == trainer.log and result["log"]["source"] == f"held open by PID {trainer.proc.pid}"
+    assert result["loss"]["steps_lost"] == 0 and result["loss"]["last_logged_step"] is not None, result["loss"]
     assert "0 steps lost (the trainer saved on the stop request and exited)" in result["msg"], result["msg"]
 
 

@@ -51,6 +51,10 @@ Test-only misbehaviour switches (environment variables; never set in production)
   DFLASH_TEST_RANK0_SAVES_ALONE=1     under a launcher, rank 0 saves on an interrupt and the
                                       other ranks exit at once, as `if dist.get_rank() == 0:
                                       save(...)` trainers do (no barrier for its save)
+  DFLASH_TEST_LOG_FILE=PATH           log through a logging.FileHandler on PATH, held open for the
+                                      whole run (HF Trainer's and Lightning's file loggers), not
+                                      stdout: stdout then gets only what print()s there (the
+                                      stop request helper's lines, a traceback on stderr)
 
 Under a launcher (torchrun, accelerate: RANK and WORLD_SIZE in its environment) every rank
 trains; rank 0 logs and saves, as a DDP trainer's does, and on an interrupt the other ranks wait
@@ -86,6 +90,7 @@ import subprocess
 import traceback
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -162,8 +167,28 @@ def parse_args(argv):
 RANK = int(os.environ.get("RANK", "0"))
 
 
+def _file_logger():
+    """The logger of DFLASH_TEST_LOG_FILE: the standard library's FileHandler, which opens its file
+    once (append mode) and holds it open, as a trainer's `logging.basicConfig(filename=...)` does."""
+    path = os.environ.get("DFLASH_TEST_LOG_FILE")
+    if not path:
+        return None
+    logger = logging.getLogger("dflash.trainer")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+FILE_LOGGER = _file_logger() if RANK == 0 else None
+
+
 def log(message):
-    if RANK == 0:  # the rank that logs, as under torchrun
+    if FILE_LOGGER is not None:
+        FILE_LOGGER.info(message)  # the handler flushes each record
+    elif RANK == 0:  # the rank that logs, as under torchrun
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", flush=True)
 
 

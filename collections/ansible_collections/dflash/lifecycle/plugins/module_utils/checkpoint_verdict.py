@@ -23,21 +23,9 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import time
 
-
-def logged_steps(log_file, step_regex):
-    """The steps the log's last 64 KiB name, in their order."""
-    if not log_file:
-        return []
-    try:
-        with open(log_file, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(log_file) - 65536))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [int(step) for step in re.findall(step_regex, text)]
+from ansible_collections.dflash.lifecycle.plugins.module_utils import progress
 
 
 def log_every(steps):
@@ -175,7 +163,7 @@ class StopVerdict:
         it. A checkpoint completed since then is the trainer's answer and holds every step it
         made: 0 lost, however old the log's last progress line (a trainer that logs every 10
         steps stops between two of them)."""
-        steps = logged_steps(self.log_file, self.step_regex)
+        steps = progress.logged_steps(self.log_file, self.step_regex)
         report = {"checkpoint": None, "checkpoint_step": None, "checkpoint_age_s": None,
                   "last_logged_step": steps[-1] if steps else None, "log_every": log_every(steps),
                   "steps_lost": None, "steps_lost_up_to": None, "ahead_of_log": None, "saved_on_stop": False,
@@ -208,6 +196,19 @@ class StopVerdict:
             unlogged = 0 if report["saved_on_stop"] else (report["log_every"] or 1) - 1
             report["steps_lost_up_to"] = report["steps_lost"] + unlogged
         return report
+
+
+def older_resume_words(resume, newest, newest_step):
+    """When the trainer's own resume rule would load a complete checkpoint older than the newest
+    complete one (a pointer that was not moved): both named with the steps between them; '' when
+    it loads the newest, an alias of it (same step), or the steps are not known."""
+    resume = resume or {}
+    if not (resume.get("complete") and newest and resume.get("step") is not None and newest_step is not None):
+        return ""
+    if resume["step"] >= newest_step:
+        return ""
+    return (f"the trainer's resume would load {resume['path']} (step {resume['step']}, {resume['rule']}), "
+            f"not the newest complete {newest} (step {newest_step}): {newest_step - resume['step']} steps between them")
 
 
 def describe_loss(loss):

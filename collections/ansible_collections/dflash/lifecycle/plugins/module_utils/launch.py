@@ -33,7 +33,7 @@ import uuid
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, launchers, progress, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import ProgressFile, check_secure_dir, secure_dir, write_atomic
-from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
+from ansible_collections.dflash.lifecycle.plugins.module_utils.proctable import RUN_ID_ENV
 
 HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
 

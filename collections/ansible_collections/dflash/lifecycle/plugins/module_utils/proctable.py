@@ -12,6 +12,8 @@ import fnmatch
 import os
 
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh")
+# the variable the launch marks a run with: every process the run starts inherits it
+RUN_ID_ENV = "DFLASH_RUN_ID"
 
 
 class Process:
@@ -193,6 +195,19 @@ def read_environ(pid, proc_root="/proc"):
             for key, _sep, value in pairs}
 
 
+def run_processes(main, table, proc_root="/proc"):
+    """The processes of main's run as a snapshot (table) shows them, main first, for reading what
+    they write (the stop's target set, module_utils/target_set.py, decides what is signalled): its
+    descendants and, for a run this project launched, every process carrying its RUN_ID_ENV."""
+    found = [main] + [table[pid] for pid in descendants(table, main.pid) if pid in table]
+    run_id = read_environ(main.pid, proc_root).get(RUN_ID_ENV)
+    if run_id:
+        seen = {proc.pid for proc in found}
+        found += [proc for pid, proc in sorted(table.items()) if pid not in seen and not proc.gone
+                  and read_environ(pid, proc_root).get(RUN_ID_ENV) == run_id]
+    return found
+
+
 def read_cwd(pid, proc_root="/proc"):
     """The working directory of the process (/proc/PID/cwd), or None."""
     try:
@@ -207,6 +222,46 @@ def read_fd(pid, fd, proc_root="/proc"):
         return os.readlink(os.path.join(proc_root, str(pid), "fd", str(fd))), None
     except OSError as err:
         return None, err.strerror or str(err)
+
+
+# a file descriptor's access mode (O_ACCMODE of the octal flags in /proc/PID/fdinfo/FD): written
+# when opened O_WRONLY (1) or O_RDWR (2)
+ACCESS_MODE_MASK = 0o3
+WRITE_MODES = (1, 2)
+
+
+def _opened_for_writing(pid, fd, proc_root):
+    """Whether fd of the process was opened for writing, by its flags; None when fdinfo cannot be
+    read."""
+    try:
+        text = _read(os.path.join(proc_root, str(pid), "fdinfo", str(fd)))
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _sep, value = line.partition(":")
+        if key == "flags":
+            return (int(value.strip(), 8) & ACCESS_MODE_MASK) in WRITE_MODES
+    return None
+
+
+def written_files(pid, proc_root="/proc"):
+    """([(fd, path)] of the regular files the process holds open for writing, in fd order; None when
+    its fds cannot be read, why). A stdout or stderr whose flags cannot be read counts as written:
+    those are the streams a process writes."""
+    fd_dir = os.path.join(proc_root, str(pid), "fd")
+    try:
+        fds = sorted(int(fd) for fd in os.listdir(fd_dir) if fd.isdigit())
+    except OSError as err:
+        return None, err.strerror or str(err)
+    found = []
+    for fd in fds:
+        target, _error = read_fd(pid, fd, proc_root)
+        if not target or not target.startswith("/") or target.endswith(" (deleted)") or not os.path.isfile(target):
+            continue
+        writing = _opened_for_writing(pid, fd, proc_root)
+        if writing or (writing is None and fd in (1, 2)):
+            found.append((fd, target))
+    return found, None
 
 
 def read_exe(pid, proc_root="/proc"):

@@ -233,51 +233,101 @@ def read_lines(path, offset=0, max_bytes=1 << 20):
 # a log last written this long before the trainer started is another run's (the launch writes its
 # head line just before it starts the trainer)
 OTHER_RUN_MARGIN_SECONDS = 2.0
+# the tail of a log in which its progress lines are looked for (the stop counts its steps there too)
+STEP_TAIL_BYTES = 65536
 
 
-def running_log(proc, configured, proc_root="/proc"):
-    """The log the running trainer (a proctable.Process) writes: its stdout, else its stderr, when
-    that is a regular file (`nohup ... > /root/train.log` writes there, whatever log_file says).
-    Else the configured log: said so when /proc/PID/fd cannot be read, and taken only when it was
-    written since the trainer started when its stdout is a pipe or a terminal (a log last written
-    before belongs to another run, and is never read as this one's). Returns {path (None when no
-    log of this run is known), source, configured, why}."""
-    found = {"path": None, "source": None, "configured": configured, "why": None}
-    reasons, unreadable = [], False
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        target, error = proctable.read_fd(proc.pid, fd, proc_root)
-        if target is None:
-            unreadable = True
-            reasons.append(f"its {name} cannot be read ({error})")
-        elif target.startswith("/") and not target.endswith(" (deleted)") and os.path.isfile(target):
-            found.update(path=target, source=f"the trainer's {name}")
+def _tail(path, size=STEP_TAIL_BYTES):
+    """The file's last size bytes as text; None when it cannot be read or holds NUL bytes (a
+    checkpoint or another binary file a trainer holds open, never a log)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - size))
+            raw = handle.read()
+    except OSError:
+        return None
+    return None if b"\0" in raw else raw.decode("utf-8", "replace")
+
+
+def logged_steps(path, step_regex):
+    """The steps the log's last STEP_TAIL_BYTES name, in their order."""
+    text = _tail(path) if path else None
+    return [int(step) for step in re.findall(step_regex, text)] if text else []
+
+
+def _mtime(path):
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _candidates(processes, proc_root):
+    """([{path, source}] the regular files the run's processes hold open for writing, newest
+    written first; the why of the fds that could not be read)."""
+    found, unreadable, main = {}, [], processes[0]
+    for proc in processes:
+        files, error = proctable.written_files(proc.pid, proc_root)
+        if files is None:
+            unreadable.append(f"PID {proc.pid}'s fds cannot be read ({error})")
+            continue
+        for fd, path in files:
+            if proc is main and fd in (1, 2):
+                source = "stdout" if fd == 1 else "stderr"
+            else:
+                source = f"held open by PID {proc.pid}"
+            found.setdefault(path, source)
+    ordered = sorted(found.items(), key=lambda item: -_mtime(item[0]))
+    return [{"path": path, "source": source} for path, source in ordered], unreadable
+
+
+def running_log(main, configured, proc_root="/proc", step_regex=STEP_REGEX, table=None):
+    """The log the running trainer (a proctable.Process) writes its progress to: of the regular
+    files a process of its run holds open for writing (stdout, stderr, a logging FileHandler's,
+    tee's), newest written first, the first whose tail has a step (step_regex). log_file
+    (configured) is one of them when they hold it; when none has a step, it is taken only when
+    written since the trainer started (a log last written before belongs to another run, and is
+    never read as this one's). Returns {path (None when no log of this run is known), source
+    ("stdout", "stderr", "held open by PID N", "configured"), configured, why, looked_at: the
+    files looked at, newest first}."""
+    if table is None:
+        table = proctable.snapshot(proc_root)
+    candidates, unreadable = _candidates(proctable.run_processes(main, table, proc_root), proc_root)
+    found = {"path": None, "source": None, "configured": configured, "why": None, "looked_at": candidates}
+    for candidate in candidates:
+        if logged_steps(candidate["path"], step_regex):
+            found.update(path=candidate["path"], source=candidate["source"])
             return found
-        else:
-            reasons.append(f"its {name} is {target}")
-    why = f"PID {proc.pid}: " + ", ".join(reasons)
-    if not configured:
-        found["why"] = why + ", and no log_file is set"
+    if candidates:
+        reasons = ["no step in " + ", ".join(f"{c['path']} ({c['source']})" for c in candidates)]
+    else:
+        streams = ", ".join(f"its {name} is {proctable.read_fd(main.pid, fd, proc_root)[0] or 'not readable'}"
+                            for fd, name in ((1, "stdout"), (2, "stderr")))
+        reasons = [f"PID {main.pid} holds no regular file open for writing ({streams})"]
+    why = "; ".join(reasons + unreadable)
+    if not configured or any(c["path"] == configured for c in candidates):
+        found["why"] = why + ("" if configured else ", and no log_file is set")
         return found
     try:
         written = os.stat(configured).st_mtime
     except OSError as err:
         found["why"] = f"{why}; {configured}: {err.strerror}"
         return found
-    started = proctable.start_wall_time(proc, proc_root)
+    started = proctable.start_wall_time(main, proc_root)
     if not unreadable and written < started - OTHER_RUN_MARGIN_SECONDS:
         found["why"] = (f"{why}; {configured} was last written before the trainer started "
                         "(another run's log: not read)")
         return found
-    found.update(path=configured, source="log_file", why=why)
+    found.update(path=configured, source="configured", why=why)
     return found
 
 
 def log_words(log):
     """How a report names the log it read, when that is not simply log_file; '' otherwise."""
-    if not log or (log["path"] == log["configured"] and log["source"] != "log_file"):
+    if not log or (log["path"] is not None and log["path"] == log["configured"] and log["source"] != "configured"):
         return ""
     if log["path"] is None:
         return f"no log of this run: {log['why']}"
-    if log["source"] == "log_file":
+    if log["source"] == "configured":
         return f"read log_file {log['path']} ({log['why']})"
-    return f"read {log['path']} ({log['source']}), not log_file {log['configured']}"
+    return f"read {log['path']} ({log['source']})" + (f", not log_file {log['configured']}" if log["configured"] else "")

@@ -70,7 +70,7 @@ def run(options, proc_root="/proc", check_mode=False):
     if main is not None:
         result["checkpoint_dir_source"] = _checkpoint_dir_of(main, options, proc_root)
         # the steps lost are read from the log this trainer writes, not from log_file alone
-        result["log"] = progress.running_log(main, options.log_file, proc_root)
+        result["log"] = progress.running_log(main, options.log_file, proc_root, options.step_regex, table)
         options.log_file = result["log"]["path"]
     directory = checkpoints.Directory.of(options)
     try:
@@ -107,15 +107,16 @@ def run(options, proc_root="/proc", check_mode=False):
         result["signal_dispositions"], result["graceful_stage"], result["graceful_reason"] = \
             ladder.assess(trainer, options.stages, signals, words)
         result["graceful_possible"] = result["graceful_stage"] is not None
-        if result["graceful_stage"] != 0:
-            result["notes"].append(result["graceful_reason"])
         climb = ladder.Climb(options, main, targets, scope, directory, result, started, progress_file, launch)
         request = _request(options, main, launch, result)
         if check_mode:
+            _signal_note(result, request is not None)
             return _check_report(options, result, directory, before, main)
         if request is not None:
             result["stopped_by"] = climb.by_request(request)
         if result["stopped_by"] is None:
+            # the signals' facts warn only when signals are sent: a stop the request ended sent none
+            _signal_note(result)
             if not result["graceful_possible"]:
                 _no_graceful(options, directory, before, main, result, climb)
             result["stopped_by"] = climb.run()
@@ -161,8 +162,9 @@ def _request(options, main, launch, result):
             result["request"] = {"taken": False, "why": "no request path: neither the trainer's environment "
                                  f"({stop_request.ENVIRONMENT}) nor request_path names one"}
         return None
-    log_path = (result.get("log") or {}).get("path")
-    honoured, words = stop_request.announced(log_path, pids)
+    log = result.get("log") or {}
+    honoured, words, log_path = stop_request.announced(
+        [log.get("path")] + [c["path"] for c in log.get("looked_at", [])], pids)
     if not honoured and (options.saves_on == "auto" or not log_path):
         if options.saves_on == "request":
             result["request"] = {"path": path, "taken": False, "why": words}
@@ -171,6 +173,14 @@ def _request(options, main, launch, result):
     if not honoured:
         result["notes"].append(f"saves_on=request, but {words}: the request is made all the same")
     return stop_request.Request(path, log_path)
+
+
+def _signal_note(result, request_first=False):
+    """The graceful stage's doubt (what the trainer does on a signal, when it is not stage 1) as a
+    note, said as the fallback's when a stop request comes first."""
+    if result["graceful_stage"] != 0:
+        result["notes"].append(("if the stop request is not taken: " if request_first else "")
+                               + result["graceful_reason"])
 
 
 def _names(signals):
@@ -410,13 +420,20 @@ def _summary(result, main_pid, started):
                  else f"; no checkpoint at all: all {lost} steps of the run lost")
     elif loss["checkpoint"] and loss["checkpoint_step"] is None:
         head += "; steps lost not known (the checkpoint's step is not known)"
+    elif loss["last_logged_step"] is None:
+        head += "; steps lost not known (no step in the trainer's log)"
     log = progress.log_words(result.get("log"))
-    if log:
+    # no log with a step is said where the loss hangs on it, not where the trainer saved on the stop
+    # (a gang's CT whose ranks do not log: rank 0 logs on another CT)
+    if log and not (loss["saved_on_stop"] and (result.get("log") or {}).get("path") is None):
         head += f"; log: {log}"
     resume = (ckpt or {}).get("resume") or {}
     if resume.get("name") and not resume["complete"]:
         head += (f"; the trainer's resume would load the incomplete {resume['name']} "
                  f"({'; '.join(resume['problems'])})")
+    older = checkpoint_verdict.older_resume_words(resume, (ckpt or {}).get("newest"), (ckpt or {}).get("newest_step"))
+    if older:
+        head += f"; {older}"
     if result["other_gpu_holders"]:
         head += f"; {_others(result)}"
     return head + (f"; {head_words}" if head_words else "")

@@ -57,23 +57,30 @@ def _read_span(path, start, size):
         return handle.read(size).decode("utf-8", "replace")
 
 
-def announced(log_path, pids):
-    """Whether a process of this run (pids) announced in its log that it honours requests:
-    (True/False, words). Lines of other runs (other PIDs) do not count."""
-    if not log_path:
-        return False, "no log of this run is known, so neither its announcement nor an acknowledgement can be read"
-    try:
-        size = os.path.getsize(log_path)
-        text = _read_span(log_path, 0, HEAD_BYTES)
-        if size > HEAD_BYTES:
-            text += "\n" + _read_span(log_path, max(HEAD_BYTES, size - TAIL_BYTES), TAIL_BYTES)
-    except OSError as err:
-        return False, f"its log {log_path} cannot be read ({err.strerror})"
-    wanted = {str(p) for p in pids}
-    for found in HONOURED.finditer(text):
-        if found.group("pid") in wanted:
-            return True, f"PID {found.group('pid')} announced in {log_path} that it honours stop requests"
-    return False, f"no process of this run announced in {log_path} that it honours stop requests"
+def announced(log_paths, pids):
+    """Whether a process of this run (pids) announced in one of its logs (log_paths: the log its
+    progress goes to first, then the other files it writes; a helper may print to stdout while
+    the progress goes to a log file) that it honours requests: (True/False, words, the log it
+    announced in or the first one). Lines of other runs (other PIDs) do not count."""
+    paths = [path for path in log_paths if path]
+    if not paths:
+        return (False, "no log of this run is known, so neither its announcement nor an acknowledgement can be read",
+                None)
+    wanted, unreadable = {str(p) for p in pids}, []
+    for log_path in paths:
+        try:
+            size = os.path.getsize(log_path)
+            text = _read_span(log_path, 0, HEAD_BYTES)
+            if size > HEAD_BYTES:
+                text += "\n" + _read_span(log_path, max(HEAD_BYTES, size - TAIL_BYTES), TAIL_BYTES)
+        except OSError as err:
+            unreadable.append(f"its log {log_path} cannot be read ({err.strerror})")
+            continue
+        for found in HONOURED.finditer(text):
+            if found.group("pid") in wanted:
+                return True, f"PID {found.group('pid')} announced in {log_path} that it honours stop requests", log_path
+    words = f"no process of this run announced in {' or '.join(paths)} that it honours stop requests"
+    return False, "; ".join([words] + unreadable), paths[0]
 
 
 class Request:

@@ -4,7 +4,7 @@
 
 The rules, each a lesson from a CT (docs/architecture.md, "Touch only the run"):
 
-* A run launched by this project carries RUN_ID_ENV in its environment; every process it
+* A run launched by this project carries proctable.RUN_ID_ENV in its environment; every process it
   starts inherits it (DataLoader workers, torch.multiprocessing spawn children, a helper
   double-forked with ``setsid -f``). The run is its main process, its descendants and
   every process carrying its identity.
@@ -33,7 +33,6 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
 
-RUN_ID_ENV = "DFLASH_RUN_ID"
 FALLBACK_POLL_SECONDS = 0.05
 WAIT_TICK_SECONDS = 0.5  # the longest a wait sleeps between calls of its on_tick
 INTERACTIVE_FLAGS = ("-i", "-l", "--login", "--interactive")
@@ -148,7 +147,7 @@ class RunScope:
         self.main = main
         self.options = options
         self.proc_root = proc_root
-        self.run_id = proctable.read_environ(main.pid, proc_root).get(RUN_ID_ENV) or None
+        self.run_id = proctable.read_environ(main.pid, proc_root).get(proctable.RUN_ID_ENV) or None
         self.program = program_of(main, proc_root)
 
     def never(self, proc):
@@ -158,7 +157,7 @@ class RunScope:
 
     def carries_identity(self, proc):
         return (self.run_id is not None
-                and proctable.read_environ(proc.pid, self.proc_root).get(RUN_ID_ENV) == self.run_id)
+                and proctable.read_environ(proc.pid, self.proc_root).get(proctable.RUN_ID_ENV) == self.run_id)
 
     def leftover(self, proc, table):
         """A reparented process started after the trainer that is recognisably the run's."""

@@ -15,9 +15,9 @@ import os
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoints, lock, progress, proctable, releases, rundir, trainer_finding)
+    checkpoint_verdict, checkpoints, lock, progress, proctable, releases, rundir, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
-from ansible_collections.dflash.lifecycle.plugins.module_utils.target_set import RUN_ID_ENV
+from ansible_collections.dflash.lifecycle.plugins.module_utils.proctable import RUN_ID_ENV
 
 
 def throughput(log_file, step_regex, patterns, lines, history=0):
@@ -55,13 +55,18 @@ def read(params, proc_root="/proc"):
     if params.get("release_base"):
         installed = releases.status(params["release_base"])
         state["release"] = {key: installed[key] for key in ("current", "previous", "drift", "launch_failures")}
-    # a running trainer's figures come from the log it writes (its stdout), which may not be log_file
-    log = progress.running_log(main, params["log_file"], proc_root) if main is not None else None
+    # a running trainer's figures come from the log its progress goes to, which may not be log_file
+    log = progress.running_log(main, params["log_file"], proc_root, params["step_regex"], table) \
+        if main is not None else None
     log_file = log["path"] if log else params["log_file"]
-    # a launcher's agent outlives its failed workers while it tears down: their traceback says so
-    failed = progress.traceback_in(progress.read_lines(log_file)) if main is not None and log_file else None
-    if failed:
-        state["traceback"] = failed
+    if log is not None:
+        # a launcher's agent outlives its failed workers while it tears down: their traceback says
+        # so, in whichever file the run writes (a traceback goes to stderr, the progress maybe not)
+        written = [log_file] + [c["path"] for c in log["looked_at"] if c["path"] != log_file]
+        failed = next((found for found in (progress.traceback_in(progress.read_lines(path))
+                                           for path in written if path) if found), None)
+        if failed:
+            state["traceback"] = failed
     state["throughput"] = throughput(log_file, params["step_regex"], params["throughput_patterns"],
                                      params["throughput_lines"], params["throughput_history"])
     state["throughput"]["log_words"] = progress.log_words(log)
@@ -77,6 +82,8 @@ def read(params, proc_root="/proc"):
                            "newest_step": done[-1][1]["step"] if done else None,
                            "newest_age_s": round(time.time() - done[-1][1]["mtime"], 1) if done else None,
                            "resume": directory.resume(infos)}
+    state["checkpoint"]["resume_older"] = checkpoint_verdict.older_resume_words(
+        state["checkpoint"]["resume"], state["checkpoint"]["newest"], state["checkpoint"]["newest_step"]) or None
     held = lock.read(params["lock_path"]) if params.get("lock_path") else None
     state["lock"] = held if held and held.get("expires", 0) > time.time() else None
     return state

@@ -504,7 +504,11 @@ found:
   returned: always
   type: dict
 notes:
-  description: Plain-words notes on the signal dispositions (also shown as warnings).
+  description: >-
+    Plain-words notes (also shown as warnings): on the signal dispositions only when signals were
+    sent (a stop the request ended sent none: the dispositions are then the fallback's facts, in
+    C(signal_dispositions) and C(graceful_reason)), on a request made unannounced, on a save on an
+    unexpected signal.
   returned: always
   type: list
   elements: str

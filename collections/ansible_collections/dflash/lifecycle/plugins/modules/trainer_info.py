@@ -143,7 +143,8 @@ throughput:
     O(throughput_lines) (C(median), C(lines)), the figure recorded at the last launch
     (C(at_launch), the new run's window its redeploy measured), and with O(throughput_history) the
     points C([step, tok/s, time, release, run]) (C(history)). A running trainer's are read from the
-    log it writes (its stdout or stderr when that is a regular file, else O(log_file));
+    log its progress goes to (of the regular files its run holds open for writing, the newest
+    written whose tail has a step, else O(log_file) when written since the trainer started);
     C(log_words) says which when that is not simply O(log_file).
   returned: always
   type: dict
@@ -152,7 +153,9 @@ checkpoint:
   description: >-
     The directory, its layout (C(format), C(format_reason)), the newest complete checkpoint, its
     step and age, and what the trainer's resume would load (C(resume), as
-    M(dflash.lifecycle.staged_stop) reports it).
+    M(dflash.lifecycle.staged_stop) reports it); C(resume_older) says so in words when that is a
+    complete checkpoint older than the newest complete one (a pointer that was not moved), with
+    the steps between them, else null.
   returned: always
   type: dict
 lock:

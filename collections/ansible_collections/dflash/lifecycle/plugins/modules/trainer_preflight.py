@@ -335,7 +335,8 @@ throughput_before:
     The running trainer's median tok/s over its last progress lines and its per-stage timings, as
     M(dflash.lifecycle.trainer_process) RV(dflash.lifecycle.trainer_process#module:throughput) has
     them (C(tokens_per_s) null when its log has no progress line). They are read from the log the
-    trainer writes: its stdout or stderr when that is a regular file, else O(throughput.log_file)
+    trainer's progress goes to: of the regular files its run holds open for writing, the newest
+    written whose tail has a step, else O(throughput.log_file) when written since the trainer started
     (C(log): C(path), C(source), C(configured), C(why); C(log_words) says it when that is not simply
     O(throughput.log_file), or that no log of this run is known).
   returned: when throughput is set and a trainer runs
@@ -452,8 +453,8 @@ def check(module):
                                             wanted_figures["profile_line_regex"], wanted_figures["profile_stage_regex"])
             except (ValueError, re.error) as err:
                 module.fail_json(msg=f"throughput: {err}")
-            # the running trainer's own log (its stdout), which may not be log_file
-            log = progress.running_log(running, wanted_figures["log_file"])
+            # the log the running trainer's progress goes to, which may not be log_file
+            log = progress.running_log(running, wanted_figures["log_file"], step_regex=wanted_figures["step_regex"])
             result["throughput_before"] = reader.window(progress.read_lines(log["path"]),
                                                         wanted_figures["lines"], wanted_figures["warmup_lines"])
             result["throughput_before"].update(log=log, log_words=progress.log_words(log))

@@ -361,9 +361,11 @@ def _skew_words(spread, margin=None):
     """The skew, and the margin left before the gang's moment against the time the slowest CT
     needed (margin: signal_moment's {margin_s, measured_s}, measured_s None when it was set)."""
     if not spread:
-        return "stop skew not known (fewer than two CTs sent a signal)"
-    how = "requested" if spread.get("by_request") else "signalled"
-    words = f"stop {how} together (skew {spread['skew_ms']} ms, {spread['first']} first"
+        return "skew of the signals sent not known (fewer than two CTs sent a signal)"
+    # the spread of the moments the CTs' stops sent their signal or wrote their request, not of the
+    # ranks' own handlers (those run a step boundary or a C call later, each on its own)
+    how, sent = ("requested", "requests written") if spread.get("by_request") else ("signalled", "signals sent")
+    words = f"stop {how} together (skew of the {sent} {spread['skew_ms']} ms, {spread['first']} first"
     steps = spread.get("steps") or {}
     if len(set(steps.values())) == 1:
         words += f"; the ranks of every CT stopped at step {next(iter(steps.values()))}"

@@ -96,6 +96,9 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "checkpoint": checkpoint.get("new") if checkpoint.get("written") else None,
         "checkpoint_format": checkpoint.get("format"),
         "newest_checkpoint": checkpoint.get("newest"),
+        # the trainer's resume loads an older checkpoint than the newest complete one
+        "resume_older": checkpoint_verdict.older_resume_words(
+            checkpoint.get("resume"), checkpoint.get("newest"), checkpoint.get("newest_step")) or None,
         "steps_lost": ((stop or {}).get("loss") or {}).get("steps_lost") if stopped else None,
         "steps_lost_up_to": ((stop or {}).get("loss") or {}).get("steps_lost_up_to") if stopped else None,
         "ahead_of_log": ((stop or {}).get("loss") or {}).get("ahead_of_log") if stopped else None,
@@ -118,6 +121,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "command_line_from": "process" if running and (launch or {}).get("argv") else "settings",
         "errors": errors,
         "trainer_running": _trainer_running(running, preflight, stop),
+        "running_before_job": (preflight or {}).get("trainer_running") if isinstance(preflight, dict) else None,
         "relaunched_after_stop": bool(relaunched_after_stop) and running,
         # when this job stopped the run (the stop's first signal, the node's wall clock)
         "stopped_at": (stop or {}).get("signalled_at") if isinstance(stop, dict) else None,
@@ -138,8 +142,11 @@ def _trainer_running(launched, preflight, stop):
     """Whether a trainer runs in the CT after the job: True, False, or None when unknown."""
     if launched:
         return True
-    if isinstance(stop, dict) and not stop.get("skipped"):
+    if isinstance(stop, dict) and not stop.get("skipped") and not (
+            _failed(stop) and stop.get("signalled_at") is None and not stop.get("stopped_by")):
         return bool(stop.get("changed")) and not stop.get("stopped", False)
+    # no stop, or one that failed before it sent anything (two trainers matched, a refusal): the
+    # run is as the preflight found it
     return (preflight or {}).get("trainer_running")
 
 
@@ -167,6 +174,10 @@ def _stop_words(stop, data):
             words += f" ({checkpoint_verdict.lost_words(data)} steps lost)"
         elif data["ahead_of_log"]:
             words += f" (the checkpoint is {data['ahead_of_log']} steps ahead of the log: steps lost not known)"
+        else:
+            words += " (steps lost not known)"
+        if data["resume_older"]:
+            words += f" ({data['resume_older']})"
         return words
     return _msg(stop)
 
@@ -199,13 +210,22 @@ def _launch_words(launch, failed_launch, data):
     return _msg(launch)
 
 
+def _down_since(data):
+    if data["stopped_at"]:
+        return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(data['stopped_at']))} UTC, when this job stopped it"
+    if data["running_before_job"] is False:
+        return "before this job (its preflight found no trainer running)"
+    return "this job (it found a trainer running and leaves none)"
+
+
 def report(data):
     """The lines a person reads: what happened to the CT, then the command line (or why none)."""
     head = f"{data['host']}: " + ", ".join((data["release_words"], data["stop_words"], data["launch_words"]))
-    if data["trainer_running"] is False and data["stopped_at"] and not data["gang"]:
-        # this job stopped the run and could not start it again: said first, with the way back
-        head = (f"{data['host']} is DOWN since {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(data['stopped_at']))} UTC, "
-                f"when this job stopped it: `make start HOST={data['host']}` starts it again. " + head)
+    if data["trainer_running"] is False and not data["gang"] and (data["stopped_at"] or data["errors"]):
+        # a CT that runs alone left with no trainer by a job that stopped it or failed: said first,
+        # with since when and the way back (a gang's report says it of the gang)
+        head = (f"{data['host']} is DOWN since {_down_since(data)}: `make start HOST={data['host']}` starts it "
+                "again. " + head)
     lines = [head, *data["model_words"]]
     if data["errors"]:
         lines.append("; ".join(data["errors"]))

@@ -32,6 +32,14 @@ class FakeProc:
             os.symlink(target, base / "fd" / str(index + 3))
         return base
 
+    def hold(self, pid, fd, target, flags=0o102001):
+        """fd of pid names target, opened with flags (/proc/PID/fdinfo; the default O_WRONLY|O_APPEND
+        |O_CREAT is how a logging FileHandler or a shell's >> opens a log)."""
+        base = self.root / str(pid)
+        (base / "fdinfo").mkdir(exist_ok=True)
+        os.symlink(str(target), base / "fd" / str(fd))
+        (base / "fdinfo" / str(fd)).write_text(f"pos:\t0\nflags:\t{flags:07o}\nmnt_id:\t20\n")
+
     def remove(self, pid):
         for path in sorted((self.root / str(pid)).rglob("*"), reverse=True):
             path.unlink() if path.is_symlink() or path.is_file() else path.rmdir()

@@ -94,6 +94,23 @@ def test_a_checkpoint_the_pointer_does_not_name_is_complete_but_not_written(tmp_
     assert report["doubts"] == ["the trainer's resume would not load it: latest names step_10 (the save did not finish)"]
 
 
+def test_a_resume_older_than_the_newest_complete_checkpoint_is_said_with_the_steps_between(tmp_path):
+    """latest still names step_10 while step_20 is complete: the trainer's own resume would load
+    the older one, and the words name both and the 10 steps between them; a resume of the newest
+    (or of an alias of it, the same step) says nothing."""
+    save(tmp_path, "step_10", age=60)
+    (tmp_path / "latest").write_text("step_10\n")
+    save(tmp_path, "step_20")
+    report = directory(tmp_path).report(directory(tmp_path).entries())
+    words = checkpoint_verdict.older_resume_words(report["resume"], report["newest"], report["newest_step"])
+    assert words == (f"the trainer's resume would load {tmp_path}/step_10 (step 10, the one latest names), "
+                     f"not the newest complete {tmp_path}/step_20 (step 20): 10 steps between them"), words
+    (tmp_path / "latest").write_text("step_20\n")
+    report = directory(tmp_path).report({})
+    assert checkpoint_verdict.older_resume_words(report["resume"], report["newest"], report["newest_step"]) == ""
+    assert checkpoint_verdict.older_resume_words(dict(report["resume"], path="/c/last.ckpt"), report["newest"], 20) == ""
+
+
 def test_landed_needs_a_complete_checkpoint_and_its_pointer(tmp_path):
     save(tmp_path, "step_10", age=60)
     (tmp_path / "latest").write_text("step_10\n")

@@ -150,28 +150,75 @@ def test_the_log_read_is_the_one_the_running_trainer_writes(fake, tmp_path):
     own.write_text("step 10 tok/s 5.0\n")
     configured.write_text("step 900 tok/s 1.0\n")
     base = fake.add(40, "python3", 1, start=1000)  # started at btime + 10 s
-    os.symlink(str(own), base / "fd" / "1")
-    os.symlink(str(own), base / "fd" / "2")
+    fake.hold(40, 1, own)
+    fake.hold(40, 2, own)
     trainer = proctable.read_process(40, fake.path)
     log = progress.running_log(trainer, str(configured), fake.path)
-    assert (log["path"], log["source"]) == (str(own), "the trainer's stdout")
-    assert progress.log_words(log) == f"read {own} (the trainer's stdout), not log_file {configured}"
+    assert (log["path"], log["source"]) == (str(own), "stdout")
+    assert progress.log_words(log) == f"read {own} (stdout), not log_file {configured}"
 
     os.unlink(base / "fd" / "1")
     os.unlink(base / "fd" / "2")
     os.symlink("pipe:[4711]", base / "fd" / "1")
     os.symlink("/dev/pts/0", base / "fd" / "2")
     log = progress.running_log(trainer, str(configured), fake.path)
-    assert (log["path"], log["source"]) == (str(configured), "log_file")  # written after the start
+    assert (log["path"], log["source"]) == (str(configured), "configured")  # written after the start
     assert "its stdout is pipe:[4711], its stderr is /dev/pts/0" in progress.log_words(log)
     os.utime(configured, (1700000000, 1700000000))  # last written before the trainer started
     log = progress.running_log(trainer, str(configured), fake.path)
-    assert log["path"] is None and progress.log_words(log).startswith("no log of this run: PID 40:")
+    assert log["path"] is None and progress.log_words(log).startswith("no log of this run: PID 40 holds no")
     assert "another run's log: not read" in log["why"]
 
     fake.remove(40)
-    fake.add(40, "python3", 1, start=1000)  # no fd/1 or fd/2 to read
+    fake.add(40, "python3", 1, start=1000)
+    os.rmdir(tmp_path / "proc" / "40" / "fd")  # its fds cannot be read
     log = progress.running_log(proctable.read_process(40, fake.path), str(configured), fake.path)
-    assert log["path"] == str(configured) and "its stdout cannot be read" in log["why"]
-    own_log = dict(log, path=str(own), source="the trainer's stdout", configured=str(own))
+    assert log["path"] == str(configured) and "PID 40's fds cannot be read" in log["why"]
+    own_log = dict(log, path=str(own), source="stdout", configured=str(own))
     assert progress.log_words(own_log) == ""  # the trainer writes log_file itself: nothing to say
+
+
+def test_the_log_is_the_file_the_progress_goes_to_of_every_file_the_run_holds_open(fake, tmp_path):
+    """A trainer whose logging FileHandler writes its progress to log_file while its stdout, a file
+    of its own, has none (HF Trainer's and Lightning's loggers, a FileHandler): the log is the file
+    held open for writing whose tail has a step, newest written first. A read-only file, a
+    checkpoint being written (binary) and a newer file without a step are not it; a worker's file
+    is, named by its PID; with no step anywhere, the files looked at are named."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+    out, log_file, config = tmp_path / "trainer.out", tmp_path / "train.log", tmp_path / "config.json"
+    shard, events = tmp_path / "model.safetensors", tmp_path / "events.csv"
+    out.write_text("DFlash trainer pid=40\n")
+    log_file.write_text("2026-12-04 10:00:00 step 812 epoch 0 loss 2.31 tok/s 14210.5\n")
+    config.write_text("step 5 tok/s 1.0\n")
+    os.utime(log_file, (1700000100, 1700000100))
+    fake.add(40, "python3", 1, start=1000)
+    fake.add(41, "python3", 40, start=1100)  # a worker
+    fake.hold(40, 1, out)
+    fake.hold(40, 2, out)
+    fake.hold(40, 4, config, flags=0o100000)  # O_RDONLY: read, not written
+    fake.hold(40, 7, log_file)
+    trainer = proctable.read_process(40, fake.path)
+    log = progress.running_log(trainer, str(log_file), fake.path)
+    assert (log["path"], log["source"]) == (str(log_file), "held open by PID 40"), log
+    assert [c["path"] for c in log["looked_at"]] == [str(out), str(log_file)]  # out is the newer
+    assert progress.log_words(log) == ""  # log_file itself
+    assert progress.log_words(progress.running_log(trainer, "/elsewhere.log", fake.path)) == (
+        f"read {log_file} (held open by PID 40), not log_file /elsewhere.log")
+
+    shard.write_bytes(b"\x08\x00\x00\x00step 9 \x00")  # a save under way: newest, binary
+    fake.hold(40, 9, shard, flags=0o100002)  # O_RDWR
+    assert progress.running_log(trainer, str(log_file), fake.path)["path"] == str(log_file)
+
+    os.unlink(tmp_path / "proc" / "40" / "fd" / "7")
+    fake.hold(41, 3, log_file)  # the worker writes it, as a launcher's rank does
+    log = progress.running_log(trainer, None, fake.path)
+    assert (log["path"], log["source"]) == (str(log_file), "held open by PID 41")
+    assert progress.log_words(log) == f"read {log_file} (held open by PID 41)"
+
+    log_file.write_text("no progress yet\n")
+    events.write_text("loss,lr\n2.3,1e-4\n")
+    fake.hold(41, 4, events)
+    log = progress.running_log(trainer, str(log_file), fake.path)
+    assert log["path"] is None and log["source"] is None
+    assert log["why"].startswith("no step in ") and f"{log_file} (held open by PID 41)" in log["why"] \
+        and f"{out} (stdout)" in log["why"] and f"{events} (held open by PID 41)" in log["why"], log["why"]

@@ -206,7 +206,7 @@ def test_a_gang_stopped_by_its_requests_names_the_step_of_every_ct_and_says_when
 
     big = {"name": "big", "size": 2, "members": ["a", "b"]}
     line = gang.stop_report(big, {"a": requested(50.0, 120), "b": requested(50.001, 120)})
-    assert line.startswith("gang big (2 CTs): stop requested together (skew 1.0 ms, a first; the ranks of every "
+    assert line.startswith("gang big (2 CTs): stop requested together (skew of the requests written 1.0 ms, a first; the ranks of every "
                            "CT stopped at step 120)"), line
     line = gang.stop_report(big, {"a": requested(50.0, 120), "b": requested(50.001, 130)})
     assert "the ranks stopped at DIFFERENT steps: a 120, b 130)" in line, line
@@ -233,7 +233,7 @@ def test_the_filters_read_the_members_results_through_hostvars():
         hostvars[host].update(trainer_stop_result=dict(stop("/c/step_20", step=20, signalled_at=at), signal_spare_s=spare),
                               trainer_stop_signal_margin={"margin_s": 1.0, "measured_s": 0.8})
     assert gang_filters.gang_stop_report("a", hostvars, GROUPS) == (
-        "gang big (2 CTs): stop signalled together (skew 2.0 ms, a first; margin 1.0 s, 1.25x the measured start of the "
+        "gang big (2 CTs): stop signalled together (skew of the signals sent 2.0 ms, a first; margin 1.0 s, 1.25x the measured start of the "
         "stop, 0.8 s, the slowest CT (b) ready 0.4 s before the moment) (a +0.0 ms, b +2.0 ms), checkpoint /c/step_20")
     with pytest.raises(AnsibleFilterError, match="not a CT of a gang"):
         gang_filters.gang_plan("solo", HostVars(solo={}), GROUPS)
@@ -252,7 +252,7 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
                        "stopped_by": {"signal": "SIGINT"}}}
     stops = {"a": stop("/c/step_20", step=20, signalled_at=50.0), "b": stop("/c/step_20", step=20, signalled_at=50.0012)}
     assert gang.report(plan, summaries, stops) == [
-        "gang big (2 CTs, c10d rendezvous at 10.0.0.1:29500): release r2, stop signalled together (skew 1.2 ms, a "
+        "gang big (2 CTs, c10d rendezvous at 10.0.0.1:29500): release r2, stop signalled together (skew of the signals sent 1.2 ms, a "
         "first), checkpoint /c/step_20 (0 steps lost), every CT running; a logs 20000.0 tok/s",
         "  a (rank 0): PID 10, 2 ranks (1 GPU(s) each) healthy after 3.1s, resumed from /c/step_20",
         "  b (rank 1): PID 20, 2 ranks (1 GPU(s) each) healthy after 3.0s, resumed from /c/step_20"]
@@ -263,7 +263,7 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     assert "checkpoint /c/step_20 (0 steps lost), every CT running" in gang.report(plan, raced, raced_stops)[0]
     # the margin before the gang's moment: measured, against the CT that was ready the least time before it
     spared = {"a": dict(stops["a"], signal_spare_s=0.912), "b": dict(stops["b"], signal_spare_s=0.644)}
-    assert "stop signalled together (skew 1.2 ms, a first; margin 1.15 s, 1.25x the measured start of the stop, 0.92 s, " \
+    assert "stop signalled together (skew of the signals sent 1.2 ms, a first; margin 1.15 s, 1.25x the measured start of the stop, 0.92 s, " \
            "the slowest CT (b) ready 0.644 s before the moment), checkpoint" in gang.report(
                plan, summaries, spared, margin={"margin_s": 1.15, "measured_s": 0.92})[0]
     late = dict(spared, b=dict(spared["b"], signal_spare_s=-0.31))
@@ -307,13 +307,13 @@ def test_the_gang_stop_report_says_the_skew_each_signal_and_the_checkpoint():
     plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
     stops = {"a": stop("/c/step_20", step=20, signalled_at=50.0), "b": stop(newest="/c/step_20", signalled_at=50.0031)}
     assert gang.stop_report(plan, stops) == (
-        "gang big (2 CTs): stop signalled together (skew 3.1 ms, a first) (a +0.0 ms, b +3.1 ms), checkpoint /c/step_20")
+        "gang big (2 CTs): stop signalled together (skew of the signals sent 3.1 ms, a first) (a +0.0 ms, b +3.1 ms), checkpoint /c/step_20")
     # rank 0 saved alone: b's stop ended on an older save of rank 0, before the one the gang resumes from
     early = {"a": stop("/c/step_25", step=25, signalled_at=50.0), "b": stop("/c/step_20", step=20, signalled_at=50.0)}
     assert gang.stop_report(plan, early).endswith(
         ", checkpoint /c/step_25 (b: its own stop ended before that save was complete)")
     assert gang.stop_report(plan, {"a": stop(signalled_at=50.0), "b": None}) == (
-        "gang big (2 CTs): stop skew not known (fewer than two CTs sent a signal), no stop result from b, "
+        "gang big (2 CTs): skew of the signals sent not known (fewer than two CTs sent a signal), no stop result from b, "
         "NO new checkpoint")
 
 

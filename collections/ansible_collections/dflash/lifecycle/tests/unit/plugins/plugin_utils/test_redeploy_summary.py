@@ -41,6 +41,17 @@ def test_the_layout_what_was_moved_aside_and_what_the_run_resumed_from():
     assert data["moved_aside"][0]["name"] == "checkpoint-437"
 
 
+def test_a_resume_older_than_the_newest_checkpoint_is_in_the_stop_words():
+    stop = dict(STOP, checkpoint={"new": "/ck/global_step90", "written": False, "format": "deepspeed",
+                                  "newest": "/ck/global_step90", "newest_step": 90,
+                                  "resume": {"path": "/ck/global_step50", "step": 50, "complete": True,
+                                             "rule": "the tag latest names"}})
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=stop, launch=LAUNCH)
+    assert ("(the trainer's resume would load /ck/global_step50 (step 50, the tag latest names), not the newest "
+            "complete /ck/global_step90 (step 90): 40 steps between them)") in lines[0], lines[0]
+    assert data["resume_older"].startswith("the trainer's resume would load /ck/global_step50")
+
+
 def test_installed_already_and_drift():
     _data, lines = summarize(manifest=MANIFEST, preflight={"release_status": dict(STATUS, present=True)},
                              stop=STOP, launch=LAUNCH)
@@ -57,8 +68,22 @@ def test_a_stop_that_lost_work_says_no_trainer_runs():
                        checkpoint={"new": None, "written": False},
                        msg="the trainer stopped, but no new sound checkpoint in /ck: none completed during the stop.")
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=failed_stop)
-    assert lines[0] == "ct200: release new1 (new: 1 modified, 0 added, 0 removed), stop failed, not launched"
+    # said first, with since when and the way back, even when the stop's moment is not in its result
+    assert lines[0] == ("ct200 is DOWN since this job (it found a trainer running and leaves none): `make start "
+                        "HOST=ct200` starts it again. ct200: release new1 (new: 1 modified, 0 added, 0 removed), "
+                        "stop failed, not launched")
     assert lines[2] == "NO TRAINER IS RUNNING in this CT" and data["trainer_running"] is False
+    # a stop that failed before it sent anything (two trainers matched) left the run as it was
+    ambiguous = {"changed": False, "failed": True, "stopped": True, "stopped_by": None,
+                 "msg": "2 processes match pattern 'train_dflash'"}
+    data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=ambiguous)
+    assert data["trainer_running"] is True and "NO TRAINER" not in " ".join(lines) and "DOWN" not in lines[0]
+    # nothing ran before the job and its launch failed
+    data, lines = summarize(manifest=MANIFEST, preflight=dict(PREFLIGHT, trainer_running=False),
+                            stop={"changed": False, "stopped": True, "stopped_by": None, "msg": "no trainer running"},
+                            launch={"failed": True, "msg": "the trainer (PID 50) exited with status 1"})
+    assert lines[0].startswith("ct200 is DOWN since before this job (its preflight found no trainer running): "
+                               "`make start HOST=ct200` starts it again. ct200: release new1"), lines
     # the stop signalled the run (its first signal's wall-clock moment): the first line says it is down
     data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=dict(failed_stop, signalled_at=1796170000.0))
     assert lines[0] == ("ct200 is DOWN since 2026-12-02 00:06:40 UTC, when this job stopped it: `make start HOST=ct200` "
