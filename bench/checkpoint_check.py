@@ -2,7 +2,7 @@
 """What judging a checkpoint complete costs at real sizes: a 20 GB HF Trainer checkpoint-N/
 (three 4 GB safetensors shards and their index, an 8 GB zip64 optimizer.pt of 1000 storages,
 the small torch.save and JSON files), as sparse files, judged by the stop's own code
-(module_utils/checkpoints.py Directory.entries: every file's structure, the layout's marker).
+(module_utils/checkpoint/checkpoints.py Directory.entries: every file's structure, the layout's marker).
 
 Prints, side by side in one run: the judgement's time (median of 7, page cache warm, each with
 the file-check cache emptied), the same after dropping the page cache where the kernel allows
@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(REPO, "tests", "testbed", "example_trainer"))
 import testlib  # noqa: E402,F401  (the collection on the import path)
 import checkpoint_layouts as layouts  # noqa: E402
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints  # noqa: E402
 
 GIB = 1 << 30
 

@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 TRAINER = os.path.join(HERE, "gpu_trainer.py")
 sys.path.insert(0, os.path.join(REPO, "collections"))
-from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import gpu_memory  # noqa: E402
 TRAINER_PATTERN = r"gpu_trainer[.]py --output-dir"
 # gpu_trainer.py's checkpoints: step_NNNNNN.pt (torch.save to a temporary name, renamed); its
 # resume loads the highest step, and its KeyboardInterrupt handler saves

@@ -3,7 +3,7 @@
 
 Starts the example trainer under the real torchrun (2 ranks over gloo, the torch venv of `make
 venv-torch`) in a directory of its own, lets it train, then stops it with the project's staged
-stop (module_utils/staged_stop.py, as the module runs it in a CT) and reads, side by side:
+stop (module_utils/stop/staged_stop.py, as the module runs it in a CT) and reads, side by side:
 
 * the save: from the signal that reached the ranks to rank 0's checkpoint renamed into place
   (its `latest` pointer's mtime), the trainer's own time;
@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import testlib  # noqa: E402,F401  (the collection on the import path)
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import staged_stop  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop  # noqa: E402
 
 TORCH_PYTHON = os.path.join(REPO, ".venv-torch", "bin", "python")
 TRAINER = testlib.TRAINER

@@ -32,7 +32,7 @@ SOURCE, TARGET = "/workspace/bench-model", "/dev/shm/bench-model"
 REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))
 SHARDS = int(os.environ.get("BENCH_SHARDS", "8"))
 SHARD_MB = int(os.environ.get("BENCH_SHARD_MB", "192"))
-BLOCK = 16 * 1024 * 1024  # module_utils/model_stage.py CHUNK
+BLOCK = 16 * 1024 * 1024  # module_utils/ct/model_stage.py CHUNK
 
 # run in the CT: write the model, or drop its page cache and read it as one stream
 MAKE = r"""

@@ -6,7 +6,7 @@ lost after that checkpoint.
 For each of the seven layouts, the example trainer with that framework's imitation (real file
 formats, the framework's order of writes; saves on no signal; a progress line every step) runs
 on the host as a real process, its periodic save taking 0.6 s every 25 steps of 20 ms. The stop
-(module_utils/staged_stop.py, no_graceful=wait_for_checkpoint) begins while a save is under way,
+(module_utils/stop/staged_stop.py, no_graceful=wait_for_checkpoint) begins while a save is under way,
 so that save is the one it waits for (tests/uncooperative.py). Measured per run:
 
   mark -> signal  the stop's first signal (its timeline's wall clock) minus the save's last

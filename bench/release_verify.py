@@ -3,7 +3,7 @@
 
 Every call that reads the installed releases (the preflight of each redeploy, the push,
 `make status`, `make check`) verifies the current and the previous release by checksum
-(module_utils/releases.py: verify), so a hand edit through the legacy link is found. This
+(module_utils/ct/releases.py: verify), so a hand edit through the legacy link is found. This
 bench runs that same function on release trees of 200 and 2,000 files (1.4 KB each, as
 bench/push_cost.py's tree; and 2,000 files of 16 KB), side by side with what the check did
 before, a walk that only lists the files, and with status(), which verifies two releases.
@@ -19,7 +19,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "collections"))
-from ansible_collections.dflash.lifecycle.plugins.module_utils import releases  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases  # noqa: E402
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import release_archive  # noqa: E402
 
 REPEAT = 7

@@ -25,7 +25,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import testlib  # noqa: E402,F401  (installs the collection loader)
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, target_set  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set  # noqa: E402
 
 # The parent forks the trainer and reaps it at once; the trainer writes its exit time last.
 TRAINER = r"""

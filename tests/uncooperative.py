@@ -1,5 +1,5 @@
 """Trainers that do not cooperate with the stop, as real processes on the host, and the stop
-(module_utils/staged_stop.py, in this process, on the real /proc) run against them.
+(module_utils/stop/staged_stop.py, in this process, on the real /proc) run against them.
 
 The trainer is the example trainer with a framework's checkpoint layout
 (tests/testbed/example_trainer/checkpoint_layouts.py: each framework's real file formats in
@@ -22,7 +22,8 @@ from testlib import TESTS, TRAINER
 sys.path.insert(0, os.path.join(TESTS, "testbed", "example_trainer"))
 import checkpoint_layouts as layouts  # noqa: E402
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, staged_stop  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop  # noqa: E402
 
 LAYOUTS = ("step_dirs",) + tuple(sorted(layouts.LAYOUTS))
 ARGS = ["--target-gpus", "0", "--drafter-gpus", "1", "--epochs", "1", "--steps-per-epoch", "100000",

@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 
 import checkpoint_layouts as layouts
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_files
 
 TORCH_FILES = (".pt", ".pth", ".ckpt", ".bin", ".distcp")
 WEIGHTS = [[float(r + c) for c in range(32)] for r in range(32)]

@@ -1,5 +1,5 @@
 """Checkpoint truth for every layout: the project's reading of a checkpoint directory
-(module_utils/checkpoints.py, checkpoint_formats.py, with the defaults: auto) against what the
+(module_utils/checkpoint/checkpoints.py, checkpoint_formats.py, with the defaults: auto) against what the
 framework itself would find there.
 
 The directories are written by the example trainer's imitations
@@ -24,7 +24,7 @@ from testlib import TESTS, agrees_with_the_framework
 sys.path.insert(0, os.path.join(TESTS, "testbed", "example_trainer"))
 import checkpoint_layouts as layouts  # noqa: E402
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints  # noqa: E402
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints  # noqa: E402
 
 FRAMEWORKS = sorted(layouts.LAYOUTS)
 WEIGHTS = [[float(r * 32 + c) for c in range(32)] for r in range(32)]

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from testlib import REPO
-from ansible_collections.dflash.lifecycle.plugins.module_utils import detached, launch, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
 COLLECTIONS = os.path.join(REPO, "collections")
 

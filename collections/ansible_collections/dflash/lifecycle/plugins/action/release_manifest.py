@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.releases import ReleaseError
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.releases import ReleaseError
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import release_archive
 
 ARGUMENT_SPEC = {

@@ -16,7 +16,8 @@ import re
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
 
 ARGUMENT_SPEC = {
     "command": {"type": "list", "elements": "str", "required": True},
@@ -113,8 +114,10 @@ def run(params, check_mode, warn):
     """The launch of params (ARGUMENT_SPEC's, validated); returns the task's result, or raises
     LaunchFailed."""
     # only a call that launches pays for importing these (the preflight's without a launch does not)
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-        checkpoints, launch, releases, rundir, trainer_finding)
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases, rundir
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
     stopped = _stop_first(params, check_mode, warn)
     # every later result carries the stop's: what the report and a rescue read
@@ -179,7 +182,8 @@ def run(params, check_mode, warn):
 def _wait_for_gpus(params, check_mode, done):
     """Wait (a check run: look once) until the GPUs the run needs are free; fail naming each
     GPU still used, its memory and its holders."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory, rundir
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import rundir
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import gpu_memory
 
     nvidia_smi = params["nvidia_smi"]
     report = rundir.ProgressFile(params.get("progress_file"))
@@ -200,7 +204,7 @@ def _wait_for_gpus(params, check_mode, done):
 def _stop_first(params, check_mode, warn):
     """The stop before the launch (stop_first); raises LaunchFailed when it did not end as asked.
     Returns its result, or None when there is none to run."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import staged_stop, stop_options
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options
 
     if not params["stop_first"] or check_mode:
         return None

@@ -18,7 +18,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import lock, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, rundir
 
 ARGUMENT_SPEC = {
     "lock_holder": {"type": "str"},
@@ -35,8 +35,10 @@ def ct_state(lock_path):
     """The CT in words: the trainer named by the pidfile beside the lock (running since when,
     or not), and the newest checkpoint in the directory its own --output-dir names."""
     # only a refusal needs these: every module start would pay for importing them
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, proctable, trainer_finding
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
 
     pidfile = os.path.join(os.path.dirname(lock_path), "trainer.pid")
     try:

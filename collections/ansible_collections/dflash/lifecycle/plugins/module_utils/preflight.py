@@ -13,7 +13,9 @@ import shutil
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, model_stage, torch_probe
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats, checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import torch_probe
 
 
 def count_gpus(nvidia_smi):

@@ -14,10 +14,11 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_verdict, checkpoints, lock, progress, proctable, releases, rundir, trainer_finding)
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
-from ansible_collections.dflash.lifecycle.plugins.module_utils.proctable import RUN_ID_ENV
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict, checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable, progress, releases, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.proctable import RUN_ID_ENV
 
 
 def throughput(log_file, step_regex, patterns, lines, history=0):

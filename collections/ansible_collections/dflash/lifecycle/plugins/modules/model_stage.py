@@ -116,7 +116,9 @@ msg:
 
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, model_stage, rundir, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
 
 def main():

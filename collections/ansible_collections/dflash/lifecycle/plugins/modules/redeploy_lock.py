@@ -75,7 +75,7 @@ taken_over_from:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import lock, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, rundir
 
 
 def main():

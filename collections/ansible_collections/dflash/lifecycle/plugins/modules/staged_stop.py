@@ -42,7 +42,7 @@ description:
     a save on that signal; it waits for the save, up to O(graceful_wait_cap).
   - A trainer started by a launcher - torchrun (or C(python -m torch.distributed.run)), C(accelerate
     launch), the DeepSpeed launcher - is stopped by the launcher's rules (the project's
-    C(module_utils/launchers.py)). The main process is the agent; its workers (one per rank) are the
+    C(module_utils/launch/launchers.py)). The main process is the agent; its workers (one per rank) are the
     trainer, whose signal handling decides the graceful stage. The agent's deadline before it
     SIGKILLs its workers is read from its command line (C(--shutdown-timeout)), its environment
     (C(TORCH_ELASTIC_SHUTDOWN_TIMEOUT), C(PET_SHUTDOWN_TIMEOUT)) and the torch it runs (older ones
@@ -554,8 +554,10 @@ ladder:
   elements: dict
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, staged_stop
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import ARGUMENT_SPEC, InvalidParameter, StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import (
+    ARGUMENT_SPEC, InvalidParameter, StopOptions)
 
 
 def main():

@@ -178,7 +178,9 @@ models:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, model_stage, progress, trainer_state
+from ansible_collections.dflash.lifecycle.plugins.module_utils import trainer_state
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, progress
 
 
 def main():

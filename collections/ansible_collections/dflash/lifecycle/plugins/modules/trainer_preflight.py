@@ -363,8 +363,10 @@ release_status:
 
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, launch_call, leased, model_stage, preflight, proctable, progress, releases, trainer_finding)
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, proctable, progress, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
 
 def main():

@@ -163,7 +163,8 @@ pruned:
   elements: str
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases
 
 
 def main():

@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 RENDEZVOUS = ("c10d", "static")

@@ -5,7 +5,7 @@
 A stop can wait minutes (SIGINT while a 27B-model checkpoint is written, or the next periodic
 checkpoint), a launch too (health, then the progress lines the canary needs); a terminal or an
 AWX job that shows nothing for ten minutes looks hung. The module writes its progress to a
-file in the CT about once a second (module_utils/rundir.py ProgressFile); while it runs, this
+file in the CT about once a second (module_utils/ct/rundir.py ProgressFile); while it runs, this
 reads that file through the task's own connection and prints a line through Ansible's display,
 which reaches ansible-playbook's output and AWX's job events alike. A wait that ends within
 FIRST_AFTER seconds prints nothing: the quiet case stays quiet, and costs no extra round trip.

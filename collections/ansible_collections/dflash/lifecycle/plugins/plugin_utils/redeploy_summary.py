@@ -13,7 +13,8 @@ from __future__ import annotations
 import shlex
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, model_stage
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
 

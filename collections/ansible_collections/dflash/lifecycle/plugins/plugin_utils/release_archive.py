@@ -7,7 +7,7 @@ the manifest, so the same files make the same release. The archive is written in
 directory of the user running Ansible (0700, owned by them, not a symlink), created with
 O_EXCL|O_NOFOLLOW and hashed from the same file descriptor it was written through: no other
 user can plant a file, a directory or a symlink in its way, nor swap the archive between
-writing and hashing. The CT half (install, verify, switch) is module_utils/releases.py.
+writing and hashing. The CT half (install, verify, switch) is module_utils/ct/releases.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import subprocess
 import tarfile
 import tempfile
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.releases import ReleaseError, sha256_file
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.releases import ReleaseError, sha256_file
 
 
 def default_archive_dir():

@@ -18,7 +18,7 @@ import difflib
 import posixpath
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
 NOISE_TYPES = ("uniform", "gaussian", "none")
 # name -> (kind, rule); kind decides the rendering, rule the validation. In flag order.
@@ -215,7 +215,7 @@ def argv(settings, visible_gpus=None, python="python3", script=None, launcher="p
          shutdown_timeout=900, shutdown_flag=True, graceful_cap=900):
     """argv of the trainer: [python, -u, script, --flag, value, ...], or through a launcher
     [python, -u, -m, <launcher>, --option, value, ..., script, --flag, ...] with the options that
-    keep it safe for a graceful stop (module_utils/launchers.py)."""
+    keep it safe for a graceful stop (module_utils/launch/launchers.py)."""
     flags, values = validated(settings, visible_gpus)
     if not script:
         return flags

@@ -1,4 +1,4 @@
-"""module_utils/checkpoint_files.py and checkpoint_formats.py: the file checks and what each
+"""module_utils/checkpoint/checkpoint_files.py and checkpoint_formats.py: the file checks and what each
 layout claims. (Each framework's imitation, its real file formats and a save killed at every point:
 tests/unit/test_checkpoint_layouts.py of the project.)"""
 
@@ -6,11 +6,13 @@ import json
 import os
 import pickle
 import struct
+import sys
 import zipfile
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files, checkpoint_formats as formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import (
+    checkpoint_files, checkpoint_formats as formats)
 
 
 def torch_like_zip(path, payload=b"\0" * 4096):
@@ -156,13 +158,18 @@ def test_the_pointer_of_a_layout_is_a_file_or_a_link(tmp_path):
 
 
 def test_the_file_checks_need_no_more_than_the_standard_library():
-    """The CT has a bare Python: the modules import nothing else (but each other)."""
-    for module in (formats, checkpoint_files):
-        source = open(module.__file__, encoding="utf-8").read()
+    """The CT has a bare Python: the registry, every layout and the file checks import nothing else
+    (but each other)."""
+    layouts = os.path.join(os.path.dirname(formats.__file__), "layouts")
+    paths = [formats.__file__, checkpoint_files.__file__] + sorted(
+        os.path.join(layouts, name) for name in os.listdir(layouts) if name.endswith(".py"))
+    assert {sys.modules[type(layout).__module__].__file__ for layout in formats.LAYOUTS} <= set(paths)
+    for path in paths:
+        source = open(path, encoding="utf-8").read()
         imports = {line.split()[1] for line in source.splitlines()
                    if line.startswith(("import ", "from ")) and "__future__" not in line}
-        assert imports - {"ansible_collections.dflash.lifecycle.plugins.module_utils"} <= {
-            "fnmatch", "io", "json", "os", "pickletools", "re", "signal", "struct", "zipfile"}, module
+        assert {i for i in imports if not i.startswith("ansible_collections.dflash.lifecycle.plugins.module_utils.")} <= {
+            "fnmatch", "io", "json", "os", "pickletools", "re", "signal", "struct", "zipfile"}, path
 
 
 def test_dcp_data_without_its_metadata_is_incomplete_in_any_layout(tmp_path):

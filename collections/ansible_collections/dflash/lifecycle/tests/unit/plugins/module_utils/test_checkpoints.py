@@ -1,4 +1,4 @@
-"""module_utils/checkpoints.py and checkpoint_verdict.py: a checkpoint directory read by its
+"""module_utils/checkpoint/checkpoints.py and checkpoint_verdict.py: a checkpoint directory read by its
 layout - what is complete, what a stop wrote or lost, what the resume loads. (Every framework's layout, with its real file
 formats and a save killed at every point: tests/unit/test_checkpoint_layouts.py of the project.)"""
 
@@ -9,7 +9,8 @@ from unittest import mock
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoint_verdict, checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import (
+    checkpoint_formats, checkpoint_verdict, checkpoints)
 
 
 def directory(path, **params):

@@ -5,7 +5,8 @@ import os
 import threading
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats, checkpoints, preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils import preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats, checkpoints
 
 
 def wanted(me, wait=5.0):

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import gpu_memory
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import gpu_memory
 
 GPUS_CSV = ("0, GPU-aaaa, 3, 81559\n"
             "5, GPU-ffff, 30000, 81559\n"

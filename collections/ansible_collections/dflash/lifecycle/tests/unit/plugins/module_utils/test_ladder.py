@@ -1,9 +1,10 @@
-"""module_utils/ladder.py: which stage can make the trainer checkpoint."""
+"""module_utils/stop/ladder.py: which stage can make the trainer checkpoint."""
 
 import signal
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import ladder, proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import DEFAULT_LADDER, validate_ladder
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import ladder
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import DEFAULT_LADDER, validate_ladder
 
 BIT = {s: 1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM)}
 

@@ -1,11 +1,12 @@
-"""module_utils/launch.py: health is a real progress line, failed attempts keep the good log."""
+"""module_utils/launch/launch.py: health is a real progress line, failed attempts keep the good log."""
 
 import subprocess
 import sys
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch, progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
 
 
 def params(tmp_path, **extra):

@@ -1,11 +1,12 @@
-"""module_utils/launchers.py: the agent and its workers, the deadline, whom the graceful signal
+"""module_utils/launch/launchers.py: the agent and its workers, the deadline, whom the graceful signal
 goes to - on a fake /proc (the real launchers: the project's tests/integration/test_launchers.py)."""
 
 import signal
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launchers, proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
 TORCHRUN = "/opt/venv/bin/python3 /opt/venv/bin/torchrun --standalone --nproc-per-node 2 train.py --lr 1"
 

@@ -1,4 +1,4 @@
-"""module_utils/model_stage.py: what a model staged into shared memory is compared and verified by,
+"""module_utils/ct/model_stage.py: what a model staged into shared memory is compared and verified by,
 what the CT's memory cgroup can still take (v1 and v2 files as the kernel writes them), and the
 copy that lands whole or not at all. The copies go to the host's own /dev/shm, a real tmpfs."""
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import model_stage
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
 
 GIB = 1024 ** 3
 
@@ -109,10 +109,10 @@ def test_a_killed_copy_leaves_the_target_as_it_was_and_the_rerun_converges(shm, 
     model(source, size=9 << 20)  # a new revision
     # the copy dies by SIGKILL after its first chunk, as when its CT session is cut
     script = ("import os, signal, sys\n"
-              "from ansible_collections.dflash.lifecycle.plugins.module_utils import model_stage\n"
+              "from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage\n"
               f"p = model_stage.plan({target!r}, {source!r}, 0, {room()!r})\n"
               "model_stage.stage(p, workers=1, progress=lambda **f: os.kill(os.getpid(), signal.SIGKILL))\n")
-    collections = os.path.abspath(os.path.join(os.path.dirname(model_stage.__file__), *[os.pardir] * 5))
+    collections = os.path.abspath(os.path.join(os.path.dirname(model_stage.__file__), *[os.pardir] * 6))
     env = dict(os.environ, PYTHONPATH=collections)
     res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
     assert res.returncode == -signal.SIGKILL, res.stderr

@@ -1,8 +1,8 @@
-"""module_utils/proctable.py on a fake /proc: parsing, tree, dispositions, environment, devices."""
+"""module_utils/ct/proctable.py on a fake /proc: parsing, tree, dispositions, environment, devices."""
 
 import signal
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 
 def test_parse_stat_comm_with_spaces_and_parentheses():

@@ -1,10 +1,10 @@
-"""module_utils/progress.py on realistic log lines."""
+"""module_utils/ct/progress.py on realistic log lines."""
 
 import os
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
 
 
 @pytest.mark.parametrize("line,figure", [
@@ -145,7 +145,7 @@ def test_the_log_read_is_the_one_the_running_trainer_writes(fake, tmp_path):
     file it writes, whatever log_file says; a pipe or a terminal leaves log_file, taken only when
     written since the trainer started (an older run's log is never read as this one's); a
     /proc/PID/fd that cannot be read leaves log_file, and says so."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
     own, configured = tmp_path / "train.log", tmp_path / "configured.log"
     own.write_text("step 10 tok/s 5.0\n")
     configured.write_text("step 900 tok/s 1.0\n")
@@ -184,7 +184,7 @@ def test_the_log_is_the_file_the_progress_goes_to_of_every_file_the_run_holds_op
     held open for writing whose tail has a step, newest written first. A read-only file, a
     checkpoint being written (binary) and a newer file without a step are not it; a worker's file
     is, named by its PID; with no step anywhere, the files looked at are named."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
     out, log_file, config = tmp_path / "trainer.out", tmp_path / "train.log", tmp_path / "config.json"
     shard, events = tmp_path / "model.safetensors", tmp_path / "events.csv"
     out.write_text("DFlash trainer pid=40\n")

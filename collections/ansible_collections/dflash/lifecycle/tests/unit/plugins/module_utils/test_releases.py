@@ -1,4 +1,4 @@
-"""module_utils/releases.py (the CT half) with archives from plugin_utils/release_archive.py."""
+"""module_utils/ct/releases.py (the CT half) with archives from plugin_utils/release_archive.py."""
 
 import io
 import json
@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import release_archive
 
 

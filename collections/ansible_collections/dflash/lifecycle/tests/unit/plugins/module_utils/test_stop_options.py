@@ -1,10 +1,10 @@
-"""module_utils/stop_options.py: one place for the defaults, the ladder checked once."""
+"""module_utils/stop/stop_options.py: one place for the defaults, the ladder checked once."""
 
 import signal
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import stop_options
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
 
 
 @pytest.mark.parametrize("ladder,error", [

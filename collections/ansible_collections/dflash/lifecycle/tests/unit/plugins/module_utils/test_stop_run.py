@@ -1,4 +1,4 @@
-"""module_utils/staged_stop.py: the steps in order, on a fake /proc and on real processes."""
+"""module_utils/stop/staged_stop.py: the steps in order, on a fake /proc and on real processes."""
 
 import os
 import signal
@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, staged_stop
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop
 
 FAST = [{"signal": "SIGINT", "scope": "main", "wait": 10}, {"signal": "SIGKILL", "scope": "tree", "wait": 5}]
 

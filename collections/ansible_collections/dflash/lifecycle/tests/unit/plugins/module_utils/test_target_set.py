@@ -1,4 +1,4 @@
-"""module_utils/target_set.py: exactly the run's processes, on a fake /proc.
+"""module_utils/stop/target_set.py: exactly the run's processes, on a fake /proc.
 
 Every rule of "touch only the run" is a test here: the identity, the legacy tree and its
 wrapper, the bystanders that must never be touched, the leftovers that must be.
@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, target_set
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 
 RUN = {"DFLASH_RUN_ID": "run-1", "PATH": "/usr/bin"}
 PYTHON = "/usr/bin/python3.11"

@@ -1,8 +1,8 @@
-"""module_utils/torch_probe.py: the preflight asks for torch the way the launch starts the run."""
+"""module_utils/launch/torch_probe.py: the preflight asks for torch the way the launch starts the run."""
 
 import sys
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import torch_probe
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import torch_probe
 
 
 def fake_torch(root, version="2.13.0", reads_timeout=True):

@@ -1,9 +1,10 @@
-"""module_utils/trainer_finding.py: pidfile first, pattern next, never a guess."""
+"""module_utils/stop/trainer_finding.py: pidfile first, pattern next, never a guess."""
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, trainer_finding
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter, StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter, StopOptions
 
 
 def test_pattern_picks_topmost_and_sees_through_a_shell(fake):

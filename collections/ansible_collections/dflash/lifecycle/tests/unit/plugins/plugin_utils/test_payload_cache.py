@@ -73,7 +73,7 @@ def test_a_second_run_builds_nothing_and_sends_the_same_payload(runs, tmp_path):
 def test_a_changed_module_utils_file_is_a_new_key_and_a_new_build(runs, monkeypatch, tmp_path):
     runs(1)
     real_stat = os.stat
-    changed = os.path.join(payload_cache.COLLECTION_PLUGINS, "module_utils", "lock.py")
+    changed = os.path.join(payload_cache.COLLECTION_PLUGINS, "module_utils", "ct", "lock.py")
 
     def edited(path, *args, **kwargs):  # the file as an edit leaves it: one byte more, later
         info = real_stat(path, *args, **kwargs)
@@ -115,7 +115,7 @@ def test_a_file_gone_while_the_key_is_computed_is_a_build_not_a_failed_task(runs
     real_stat = os.stat
 
     def vanishing(path, *args, **kwargs):  # a module_utils file removed by a checkout under way
-        if str(path).endswith(os.path.join("module_utils", "lock.py")):
+        if str(path).endswith(os.path.join("module_utils", "ct", "lock.py")):
             raise FileNotFoundError(path)
         return real_stat(path, *args, **kwargs)
 

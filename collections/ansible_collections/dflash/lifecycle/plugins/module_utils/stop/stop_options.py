@@ -13,8 +13,8 @@ from __future__ import annotations
 import signal
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats
-from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoints import DEFAULT_TEMP_PATTERNS
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint.checkpoints import DEFAULT_TEMP_PATTERNS
 
 DEFAULT_LADDER = (
     {"signal": "SIGINT", "scope": "main", "wait": 120},

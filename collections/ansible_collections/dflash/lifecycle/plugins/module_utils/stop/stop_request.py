@@ -28,7 +28,7 @@ import re
 import time
 import uuid
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 ENVIRONMENT = "DFLASH_STOP_REQUEST"
 HONOURED = re.compile(r"dflash-stop-request: honoured path=(?P<path>\S+) pid=(?P<pid>\d+)")

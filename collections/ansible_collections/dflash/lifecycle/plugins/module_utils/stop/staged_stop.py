@@ -4,9 +4,9 @@
 what it stopped and what it saved (Python 3.8 compatible).
 
 This file only puts the steps in order; each lives with its concern:
-module_utils/trainer_finding.py (which process is the trainer), module_utils/target_set.py
-(which processes are its run), module_utils/ladder.py (the signals and waits) and
-module_utils/checkpoints.py (what was saved and lost). Runs on the target.
+module_utils/stop/trainer_finding.py (which process is the trainer), module_utils/stop/target_set.py
+(which processes are its run), module_utils/stop/ladder.py (the signals and waits) and
+module_utils/checkpoint/checkpoints.py (what was saved and lost). Runs on the target.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import os
 import resource
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import (
-    checkpoint_formats, checkpoint_verdict, checkpoints, detached, ladder, launchers, progress, proctable, rundir,
-    stop_request, target_set, trainer_finding)
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import (
+    checkpoint_formats, checkpoint_verdict, checkpoints)
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import (
+    detached, ladder, next_checkpoint, stop_request, target_set, trainer_finding)
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 
 
 class StopFailed(Exception):
@@ -245,8 +248,8 @@ def _no_graceful(options, directory, before, main, result, climb):
             "no_graceful=proceed to stop now.", result)
     if options.no_graceful == "wait_for_checkpoint":
         try:
-            ladder.wait_for_next_checkpoint(options, directory, before, main.identity, result, climb)
-        except ladder.StopRefused as err:
+            next_checkpoint.wait_for_next_checkpoint(options, directory, before, main.identity, result, climb)
+        except next_checkpoint.StopRefused as err:
             raise StopFailed(str(err), result) from None
 
 

@@ -20,7 +20,7 @@ import os
 import shlex
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
 
 
 class LockHeld(Exception):

@@ -31,7 +31,7 @@ import select
 import signal
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 FALLBACK_POLL_SECONDS = 0.05
 WAIT_TICK_SECONDS = 0.5  # the longest a wait sleeps between calls of its on_tick

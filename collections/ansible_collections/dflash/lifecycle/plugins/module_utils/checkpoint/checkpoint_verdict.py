@@ -25,7 +25,7 @@ import collections
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
 
 
 def log_every(steps):

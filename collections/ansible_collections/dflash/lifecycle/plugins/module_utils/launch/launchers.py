@@ -31,7 +31,8 @@ from __future__ import annotations
 import os
 import signal
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, torch_probe
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import torch_probe
 
 DEFAULT_DEADLINE = 30
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 GPU_FIELDS = ("index", "uuid", "memory.used", "memory.total")
 APP_FIELDS = ("gpu_uuid", "pid", "used_memory")

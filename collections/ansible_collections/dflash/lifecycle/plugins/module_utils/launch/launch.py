@@ -5,12 +5,12 @@
 Its own session, SIGINT and SIGTERM at their default dispositions (a background job of a
 non-interactive shell would inherit SIGINT ignored, and the graceful stop would be
 useless), stdin from /dev/null, output appended to a rotated log, a run identity in its
-environment (module_utils/target_set.py: every process of the run inherits it), and a
+environment (module_utils/stop/target_set.py: every process of the run inherits it), and a
 pidfile ``PID STARTTIME RUN_ID`` naming the Python process itself (the wrapper script
 execs it), written without following symlinks.
 
 Healthy means a real progress line (a step number and a throughput figure,
-module_utils/progress.py), no Python traceback in the new log, and the process still
+module_utils/ct/progress.py), no Python traceback in the new log, and the process still
 alive health_seconds after that line. Then it waits (with a bound) until the run has
 logged throughput_lines progress lines after its first throughput_warmup_lines, and
 reports their median and the per-stage timings (the throughput canary's "after"); a crash
@@ -31,9 +31,12 @@ import subprocess
 import time
 import uuid
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoints, launchers, progress, proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import ProgressFile, check_secure_dir, secure_dir, write_atomic
-from ansible_collections.dflash.lifecycle.plugins.module_utils.proctable import RUN_ID_ENV
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import (
+    ProgressFile, check_secure_dir, secure_dir, write_atomic)
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.proctable import RUN_ID_ENV
 
 HEALTH_POLL_SECONDS = 0.05  # the first progress line is seen within this; the wait is ours
 
@@ -247,7 +250,7 @@ def _still_running_failure(proc, what, lines):
 
 
 def _launcher_run(proc):
-    """(the launcher's run the started process is, module_utils/launchers.py, and the ranks its
+    """(the launcher's run the started process is, module_utils/launch/launchers.py, and the ranks its
     command line asks for, None when it does not say); (None, None) for a plain trainer, or a
     wrapper shell that has not exec'd the agent yet."""
     main = proctable.read_process(proc.pid)
@@ -256,7 +259,7 @@ def _launcher_run(proc):
 
 
 def _ranks_running(proc, params):
-    """A launcher's run (module_utils/launchers.py) is healthy when every rank its agent's command
+    """A launcher's run (module_utils/launch/launchers.py) is healthy when every rank its agent's command
     line asks for runs: the agent, its workers and the deadline it would keep; None for a plain
     trainer."""
     run, asked = _launcher_run(proc)

@@ -4,7 +4,7 @@
 
 A pidfile reads ``PID STARTTIME [RUN_ID]``: the start time (clock ticks, field 22 of
 /proc/PID/stat) makes a reused PID harmless, the run identity names every process of the
-launch (module_utils/target_set.py). Several processes matching the pattern are an error
+launch (module_utils/stop/target_set.py). Several processes matching the pattern are an error
 unless the caller says which one: a stop never guesses.
 """
 
@@ -14,8 +14,8 @@ import collections
 import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter, StopOptions
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter, StopOptions
 
 Pidfile = collections.namedtuple("Pidfile", "pid starttime mtime run_id")
 

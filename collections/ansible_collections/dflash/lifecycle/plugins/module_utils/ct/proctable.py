@@ -197,7 +197,7 @@ def read_environ(pid, proc_root="/proc"):
 
 def run_processes(main, table, proc_root="/proc"):
     """The processes of main's run as a snapshot (table) shows them, main first, for reading what
-    they write (the stop's target set, module_utils/target_set.py, decides what is signalled): its
+    they write (the stop's target set, module_utils/stop/target_set.py, decides what is signalled): its
     descendants and, for a run this project launched, every process carrying its RUN_ID_ENV."""
     found = [main] + [table[pid] for pid in descendants(table, main.pid) if pid in table]
     run_id = read_environ(main.pid, proc_root).get(RUN_ID_ENV)

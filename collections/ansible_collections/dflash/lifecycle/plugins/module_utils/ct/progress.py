@@ -26,7 +26,7 @@ import os
 import re
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 STEP_REGEX = r"\bstep[\s:=#]*(\d+)\b"
 THROUGHPUT_PATTERNS = (

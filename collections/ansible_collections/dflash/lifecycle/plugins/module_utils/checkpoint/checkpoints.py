@@ -4,10 +4,10 @@
 
 The preflight (is there one to resume from?), the staged stop, the launch (what will the
 resume load? free space) and the status read it alike. What a checkpoint is comes from its
-layout (module_utils/checkpoint_formats.py): the entries it claims, their steps, whether each
+layout (module_utils/checkpoint/checkpoint_formats.py): the entries it claims, their steps, whether each
 is complete, and which one the trainer's own resume picks. ``auto`` recognises the layout from
 what the directory holds, and says which one it chose. What a stop wrote and lost is judged
-in module_utils/checkpoint_verdict.py.
+in module_utils/checkpoint/checkpoint_verdict.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import fnmatch
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_files, checkpoint_verdict
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_formats as formats
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_files, checkpoint_verdict
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats as formats
 
 # names of a checkpoint still being written: the trainer's own temporary names (.tmp-step_N,
 # .latest.tmp-PID), torch.save's and common tools'
@@ -90,7 +90,7 @@ class Directory(checkpoint_verdict.StopVerdict):
 
     @classmethod
     def of(cls, options):
-        """The directory of a stop's options (module_utils/stop_options.py)."""
+        """The directory of a stop's options (module_utils/stop/stop_options.py)."""
         return cls(options.checkpoint_dir, options.checkpoint_format, options.checkpoint_custom,
                    options.checkpoint_temp_patterns, options.checkpoint_stable_window,
                    options.checkpoint_activity_window, options.log_file, options.step_regex)

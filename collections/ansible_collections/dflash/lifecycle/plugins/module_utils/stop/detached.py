@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import proctable, target_set, trainer_finding
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop_options import InvalidParameter
-from ansible_collections.dflash.lifecycle.plugins.module_utils.rundir import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set, trainer_finding
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
 
 ADOPT_WAIT_SLICE_SECONDS = 3600  # the wait has no bound; the stop's own ladder bounds it
 

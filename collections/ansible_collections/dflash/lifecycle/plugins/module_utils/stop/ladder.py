@@ -3,7 +3,7 @@
 """The ladder: which stage can make the trainer checkpoint, and climbing it (Python 3.8
 compatible).
 
-A stage sends one signal to a scope of the target set (module_utils/target_set.py) and
+A stage sends one signal to a scope of the target set (module_utils/stop/target_set.py) and
 waits. The graceful stage is the first whose signal the trainer saves on (the saves_on
 setting, or what its checkpoint layout is known to do) and that its main process catches
 (SigCgt): a caught signal alone proves nothing, since Python's own KeyboardInterrupt
@@ -17,13 +17,14 @@ wchan) and a py-spy dump are recorded.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import checkpoint_verdict, proctable, stop_request, target_set
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_request, target_set
 
 NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
 # where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
@@ -100,7 +101,7 @@ class Climb:
     def __init__(self, options, main, targets, scope, directory, result, started, progress=None, launch=None):
         self.options = options
         self.main = main
-        self.launch = launch  # a launcher's run (module_utils/launchers.py), or None
+        self.launch = launch  # a launcher's run (module_utils/launch/launchers.py), or None
         self.targets = targets
         self.scope = scope
         self.directory = directory
@@ -253,7 +254,7 @@ class Climb:
         return None
 
     def by_request(self, request):
-        """Stage 0, the stop request (module_utils/stop_request.py): written at the gang's
+        """Stage 0, the stop request (module_utils/stop/stop_request.py): written at the gang's
         moment, its acknowledgement awaited up to request_ack_timeout, then the run's exit up to
         graceful_wait_cap (its save, then its exit 0). Returns stopped_by once the run is gone,
         else None: a request not taken is withdrawn, and the ladder follows."""
@@ -401,51 +402,3 @@ class Climb:
             return 0.0
 
         return report
-
-
-def wait_for_next_checkpoint(options, directory, before, main_ident, result, climb):
-    """Send nothing until a checkpoint completed since the stop began has landed (its save over,
-    Layout.save_over), then return at once: the signal that ends the trainer follows the
-    completion mark within LANDED_POLL. A save under way when the stop began counts once it
-    completes. Raise StopRefused when none lands within 1.5x the interval the trainer's own saves
-    show (or next_checkpoint_timeout) and no save is under way; a save under way is waited for
-    up to graceful_wait_cap, never given up on for a guess from the interval."""
-    interval = result["loss_at_start"]["checkpoint_interval_s"]
-    under_way = directory.saves_under_way(before)
-    if interval is None and not under_way:
-        raise StopRefused(
-            f"{result['graceful_reason']}; and {options.checkpoint_dir or 'no checkpoint_dir'}"
-            " shows no periodic checkpoint history to wait for and no save under way. Nothing was "
-            f"signalled. {checkpoint_verdict.describe_loss(result['loss_at_start'])}. To stop anyway: "
-            "no_graceful=proceed.")
-    bound = min(1.5 * interval, float(options.next_checkpoint_timeout)) if interval is not None else 0.0
-    cap = max(bound, float(options.graceful_wait_cap))
-    began = time.monotonic()
-    while True:
-        elapsed = time.monotonic() - began
-        if not proctable.alive(main_ident):
-            return
-        name = directory.landed(before)
-        if name is not None:
-            climb.landed = name
-            climb.event(event="checkpoint_landed", path=os.path.join(directory.path, name),
-                        waited=round(elapsed, 3))
-            return
-        if elapsed >= bound:
-            under_way = directory.saves_under_way(before)
-            if not under_way or elapsed >= cap:
-                break
-        climb.progress(stage=0, signal="none (waiting for the trainer's own checkpoint"
-                       + (f": {', '.join(under_way)} under way)" if under_way else ")"),
-                       elapsed=round(elapsed, 1), bound=round(cap if under_way else bound, 1), running=1)
-        time.sleep(LANDED_POLL)
-    why = (f"a save still under way ({', '.join(under_way)}) after graceful_wait_cap {cap:.0f}s" if under_way
-           else f"no new periodic checkpoint landed within {bound:.0f}s (1.5x the observed interval of {interval}s)"
-           if interval is not None else "the save under way ended without a complete checkpoint")
-    raise StopRefused(
-        f"{result['graceful_reason']}; {why}. Nothing was signalled. "
-        f"{checkpoint_verdict.describe_loss(directory.loss())}. To stop anyway: no_graceful=proceed.")
-
-
-class StopRefused(Exception):
-    """The stop refused to signal anything; the message says why and what a stop loses."""
