@@ -1,4 +1,4 @@
-"""The stop request (README "The stop request"): the staged stop's stage 0 against the example
+"""The stop request (docs/stop.md, "The stop request"): the staged stop's stage 0 against the example
 trainer, a real process on the host that takes requests through the one-file helper
 (tests/testbed/example_trainer/dflash_stop_request.py), logs every 10 steps to a log of its own,
 and whose main thread may sit in a long C call; and the helper's own rules, the ranks'

@@ -2,7 +2,7 @@
 # training script and import it; it needs the standard library, and torch.distributed only when
 # a process group is initialised.
 """A stop the trainer agrees to: the staged stop writes a request file, the trainer sees it at a
-step boundary, saves, and exits 0; no signal is sent (README "The stop request").
+step boundary, saves, and exits 0; no signal is sent (docs/stop.md, "The stop request").
 
     from dflash_stop_request import StopRequest
 

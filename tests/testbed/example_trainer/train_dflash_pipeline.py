@@ -64,7 +64,7 @@ logged tok/s is the whole run's) and on whether a rank got its stop signal (acce
 set_trigger/check_trigger): all of them, on every node, end at the same step, and a rank that
 died ends the others at their next step with gloo's error.
 
-The stop request (README "The stop request"): like the field's trainer, this one knows only
+The stop request (docs/stop.md, "The stop request"): like the field's trainer, this one knows only
 signals, unless DFLASH_TEST_STOP_REQUEST says otherwise; then, with DFLASH_STOP_REQUEST set (the
 launch sets it), it takes a request through dflash_stop_request.py beside it (every 10 steps, or
 DFLASH_STOP_REQUEST_EVERY; the ranks of a distributed run agree on the step), saves, and exits 0. With the hf_trainer layout
@@ -507,7 +507,7 @@ class HFControl:
 
 
 class StopRequestCallback:
-    """The README's TrainerCallback example (its base class is transformers.TrainerCallback)."""
+    """The TrainerCallback example of docs/stop.md (its base class is transformers.TrainerCallback)."""
 
     def __init__(self, requests):
         self.requests = requests

@@ -1,7 +1,7 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Whether a checkpoint's files are whole, by their kind, read with the standard library (Python
-3.8 compatible: the CT has a bare Python). The layouts (module_utils/checkpoint/checkpoint_formats.py) ask it.
+3.8 compatible: the CT has a bare Python). The layouts (module_utils/checkpoint/layouts/) ask it.
 
 * a ``torch.save`` zip: the end-of-central-directory record at the end of the file (zip64
   too), the central directory right before it, every entry's data inside the file;

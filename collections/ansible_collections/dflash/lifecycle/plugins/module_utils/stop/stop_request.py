@@ -1,7 +1,7 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The stop request, the stop's side (Python 3.8 compatible): stage 0 of the staged stop when
-the trainer takes part (README "The stop request"; the trainer's side is the one-file helper
+the trainer takes part (docs/stop.md, "The stop request"; the trainer's side is the one-file helper
 tests/testbed/example_trainer/dflash_stop_request.py).
 
 The launch gives the run the request's path in DFLASH_STOP_REQUEST. A trainer that honours it
