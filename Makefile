@@ -20,6 +20,7 @@ INVENTORY ?= inventory/testbed
 TESTBED_INVENTORY ?= inventory/testbed
 HOST ?=
 PYTEST_ARGS ?=
+FILE ?=
 EXTRA ?=
 
 BIN := $(CURDIR)/$(VENV)/bin
@@ -27,7 +28,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test lint ping bench \
+.PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test test-unit lint ping bench \
         restart check stop start push rollback status logs throughput host-required
 
 help: ## list the targets
@@ -103,10 +104,25 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
 
-# the three venvs are built side by side (pip mostly waits on unpacking and building wheels)
-test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; the unit tests under the newest ansible-core
+# the three venvs are built side by side (pip mostly waits on unpacking and building wheels);
+# FILE=... runs only those test files or node ids, on as many workers as files (up to 4), each
+# integration file with a testbed of its own: the loop of a change to one area
+test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
+ifeq ($(strip $(FILE)),)
 	@$(MAKE) --no-print-directory -j3 venv venv-next venv-torch
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
+else
+	@$(MAKE) --no-print-directory -j2 venv venv-torch
+	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \
+	  $(if $(filter-out 1,$(words $(FILE))),-n $(lastword $(sort $(words $(FILE)) 4)) --dist loadfile) \
+	  $(PYTEST_ARGS) $(FILE) < /dev/null
+endif
+
+# no testbed: the unit tests of the project and of the collection (those that start real trainers
+# on the host included), spread test by test over 4 workers
+test-unit: venv venv-torch ## the unit tests alone, without the testbed
+	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \
+	  -n 4 --dist worksteal $(PYTEST_ARGS) tests/unit collections/ansible_collections/dflash/lifecycle/tests/unit < /dev/null
 
 bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, the stop request against SIGINT, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk)
 	$(BIN)/python bench/first_progress.py

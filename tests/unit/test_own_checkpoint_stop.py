@@ -107,10 +107,9 @@ def test_a_save_quiet_for_longer_than_the_activity_window_is_waited_for(trainers
     assert_signalled_right_after(trainer, result, name)
 
 
-@pytest.mark.parametrize("log", LOGS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_periodic_saves_every_fraction_of_a_second_stop_at_the_first_that_lands(trainers, layout, log):
-    trainer = trainers(layout, save_every=10, slow=0.2, log_every=10, held_log=log == "held log")
+def test_periodic_saves_every_fraction_of_a_second_stop_at_the_first_that_lands(trainers, layout):
+    trainer = trainers(layout, save_every=10, slow=0.2, log_every=10)
     trainer.wait_for_saves(3)
     result, began = stop(trainer, careful(layout))
     name = assert_one_verdict(trainer, result, began)

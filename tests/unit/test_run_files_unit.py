@@ -88,7 +88,7 @@ def test_detached_work_runs_in_its_own_session_and_returns_its_result(tmp_path):
 
 CALLER = textwrap.dedent("""
     import os, sys, time
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import detached
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
     state, marker = sys.argv[1], sys.argv[2]
     def work():
         time.sleep(1.5)
