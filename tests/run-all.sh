@@ -36,8 +36,8 @@ next=$!
 trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
-# each worker on a testbed of its own, the unit tests spread over them at the end (tests/conftest.py)
-"$bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadgroup --no-loadscope-reorder "$@"
+# each worker on a testbed of its own (tests/conftest.py)
+"$bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"
 pytest_status=$?
 wait $next
 next_status=$?
