@@ -217,7 +217,7 @@ def assert_margin_measured(found):
 def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang):
     res = gang.make("stop")
     assert res.returncode == 0, res.stdout[-4000:]
-    saved = re.findall(rf"ok: \[ct40[01]\] => msg: stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
+    saved = re.findall(rf"ok: \[ct40[01]\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
                        rf"({CKPT}/step_\d+)", res.out)
     assert len(saved) == 2 and len(set(saved)) == 1, res.out  # both CTs see the one checkpoint ct400's rank 0 wrote
     stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew of the signals sent [0-9.]+ ms, ct40[01] first{MARGIN}\) "

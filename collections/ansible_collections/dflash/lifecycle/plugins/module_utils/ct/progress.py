@@ -327,7 +327,8 @@ def log_words(log):
     if not log or (log["path"] is not None and log["path"] == log["configured"] and log["source"] != "configured"):
         return ""
     if log["path"] is None:
-        return f"no log of this run: {log['why']}"
+        # files written, none with a step: the why names them; nothing written: no log at all
+        return log["why"] if log.get("looked_at") else f"no log of this run: {log['why']}"
     if log["source"] == "configured":
         return f"read log_file {log['path']} ({log['why']})"
     return f"read {log['path']} ({log['source']})" + (f", not log_file {log['configured']}" if log["configured"] else "")

@@ -222,3 +222,4 @@ def test_the_log_is_the_file_the_progress_goes_to_of_every_file_the_run_holds_op
     assert log["path"] is None and log["source"] is None
     assert log["why"].startswith("no step in ") and f"{log_file} (held open by PID 41)" in log["why"] \
         and f"{out} (stdout)" in log["why"] and f"{events} (held open by PID 41)" in log["why"], log["why"]
+    assert progress.log_words(log) == log["why"]  # the files it looked at, each with why
