@@ -114,7 +114,7 @@ ifeq ($(strip $(FILE)),)
 else
 	@$(MAKE) --no-print-directory -j2 venv venv-torch
 	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \
-	  $(if $(filter-out 1,$(words $(FILE))),-n $(lastword $(sort $(words $(FILE)) 4)) --dist loadfile) \
+	  $(if $(filter-out 1,$(words $(FILE))),-n $$(( $(words $(FILE)) < 4 ? $(words $(FILE)) : 4 )) --dist loadfile) \
 	  $(PYTEST_ARGS) $(FILE) < /dev/null
 endif
 

@@ -63,9 +63,8 @@ def read(params, proc_root="/proc"):
     if log is not None:
         # a launcher's agent outlives its failed workers while it tears down: their traceback says
         # so, in whichever file the run writes (a traceback goes to stderr, the progress maybe not)
-        written = [log_file] + [c["path"] for c in log["looked_at"] if c["path"] != log_file]
         failed = next((found for found in (progress.traceback_in(progress.read_lines(path))
-                                           for path in written if path) if found), None)
+                                           for path in progress.written_logs(log)) if found), None)
         if failed:
             state["traceback"] = failed
     state["throughput"] = throughput(log_file, params["step_regex"], params["throughput_patterns"],
@@ -83,8 +82,7 @@ def read(params, proc_root="/proc"):
                            "newest_step": done[-1][1]["step"] if done else None,
                            "newest_age_s": round(time.time() - done[-1][1]["mtime"], 1) if done else None,
                            "resume": directory.resume(infos)}
-    state["checkpoint"]["resume_older"] = checkpoint_verdict.older_resume_words(
-        state["checkpoint"]["resume"], state["checkpoint"]["newest"], state["checkpoint"]["newest_step"]) or None
+    state["checkpoint"]["resume_older"] = checkpoint_verdict.older_resume_words(state["checkpoint"]) or None
     held = lock.read(params["lock_path"]) if params.get("lock_path") else None
     state["lock"] = held if held and held.get("expires", 0) > time.time() else None
     return state

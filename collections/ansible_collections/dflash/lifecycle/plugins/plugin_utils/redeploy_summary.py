@@ -98,8 +98,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "checkpoint_format": checkpoint.get("format"),
         "newest_checkpoint": checkpoint.get("newest"),
         # the trainer's resume loads an older checkpoint than the newest complete one
-        "resume_older": checkpoint_verdict.older_resume_words(
-            checkpoint.get("resume"), checkpoint.get("newest"), checkpoint.get("newest_step")) or None,
+        "resume_older": checkpoint_verdict.older_resume_words(checkpoint) or None,
         "steps_lost": ((stop or {}).get("loss") or {}).get("steps_lost") if stopped else None,
         "steps_lost_up_to": ((stop or {}).get("loss") or {}).get("steps_lost_up_to") if stopped else None,
         "ahead_of_log": ((stop or {}).get("loss") or {}).get("ahead_of_log") if stopped else None,

@@ -198,11 +198,12 @@ class StopVerdict:
         return report
 
 
-def older_resume_words(resume, newest, newest_step):
+def older_resume_words(checkpoint):
     """When the trainer's own resume rule would load a complete checkpoint older than the newest
     complete one (a pointer that was not moved): both named with the steps between them; '' when
-    it loads the newest, an alias of it (same step), or the steps are not known."""
-    resume = resume or {}
+    it loads the newest, an alias of it (same step), or the steps are not known. checkpoint: a
+    report with resume, newest and newest_step (Directory.report's, trainer_info's)."""
+    resume, newest, newest_step = checkpoint.get("resume") or {}, checkpoint.get("newest"), checkpoint.get("newest_step")
     if not (resume.get("complete") and newest and resume.get("step") is not None and newest_step is not None):
         return ""
     if resume["step"] >= newest_step:

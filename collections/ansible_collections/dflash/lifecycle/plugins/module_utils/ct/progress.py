@@ -322,6 +322,13 @@ def running_log(main, configured, proc_root="/proc", step_regex=STEP_REGEX, tabl
     return found
 
 
+def written_logs(log):
+    """The files a running_log result says the run writes: the log read first (when one was), then
+    the others it looked at, newest written first, each once."""
+    paths = [log["path"]] + [candidate["path"] for candidate in log["looked_at"]]
+    return list(dict.fromkeys(path for path in paths if path))
+
+
 def log_words(log):
     """How a report names the log it read, when that is not simply log_file; '' otherwise."""
     if not log or (log["path"] is not None and log["path"] == log["configured"] and log["source"] != "configured"):

@@ -165,9 +165,8 @@ def _request(options, main, launch, result):
             result["request"] = {"taken": False, "why": "no request path: neither the trainer's environment "
                                  f"({stop_request.ENVIRONMENT}) nor request_path names one"}
         return None
-    log = result.get("log") or {}
-    honoured, words, log_path = stop_request.announced(
-        [log.get("path")] + [c["path"] for c in log.get("looked_at", [])], pids)
+    log = result.get("log")
+    honoured, words, log_path = stop_request.announced(progress.written_logs(log) if log else [], pids)
     if not honoured and (options.saves_on == "auto" or not log_path):
         if options.saves_on == "request":
             result["request"] = {"path": path, "taken": False, "why": words}
@@ -434,7 +433,7 @@ def _summary(result, main_pid, started):
     if resume.get("name") and not resume["complete"]:
         head += (f"; the trainer's resume would load the incomplete {resume['name']} "
                  f"({'; '.join(resume['problems'])})")
-    older = checkpoint_verdict.older_resume_words(resume, (ckpt or {}).get("newest"), (ckpt or {}).get("newest_step"))
+    older = checkpoint_verdict.older_resume_words(ckpt or {})
     if older:
         head += f"; {older}"
     if result["other_gpu_holders"]:

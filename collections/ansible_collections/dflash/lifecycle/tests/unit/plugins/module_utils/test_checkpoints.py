@@ -103,13 +103,13 @@ def test_a_resume_older_than_the_newest_complete_checkpoint_is_said_with_the_ste
     (tmp_path / "latest").write_text("step_10\n")
     save(tmp_path, "step_20")
     report = directory(tmp_path).report(directory(tmp_path).entries())
-    words = checkpoint_verdict.older_resume_words(report["resume"], report["newest"], report["newest_step"])
+    words = checkpoint_verdict.older_resume_words(report)
     assert words == (f"the trainer's resume would load {tmp_path}/step_10 (step 10, the one latest names), "
                      f"not the newest complete {tmp_path}/step_20 (step 20): 10 steps between them"), words
     (tmp_path / "latest").write_text("step_20\n")
     report = directory(tmp_path).report({})
-    assert checkpoint_verdict.older_resume_words(report["resume"], report["newest"], report["newest_step"]) == ""
-    assert checkpoint_verdict.older_resume_words(dict(report["resume"], path="/c/last.ckpt"), report["newest"], 20) == ""
+    assert checkpoint_verdict.older_resume_words(report) == ""
+    assert checkpoint_verdict.older_resume_words(dict(report, resume=dict(report["resume"], path="/c/last.ckpt"), newest_step=20)) == ""
 
 
 def test_landed_needs_a_complete_checkpoint_and_its_pointer(tmp_path):
