@@ -50,15 +50,16 @@ def wait_for_no_trainer(testbed, node, vmid, pattern, timeout, output):
                        lambda: output)
 
 
-def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lambda: None):
-    """Run ansible-playbook with playbook_args and, once its detached stop is under way in the
-    CT (the worker file names it), kill the controller's ControlMasters to the node at address;
-    after_drop runs right then. Returns the playbook's exit status and output."""
+def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lambda: None, worker="stop"):
+    """Run ansible-playbook with playbook_args and, once its detached worker is under way in the
+    CT (the worker file names it: a stop's, or a redeploy's launch whose stop comes first), kill the
+    controller's ControlMasters to the node at address; after_drop runs right then. Returns the
+    playbook's exit status and output."""
     playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), *playbook_args], cwd=REPO,
                                 env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         # watched from inside the CT, one call: a poll per round trip could miss a short stop
-        seen = sh("timeout 150 sh -c 'until test -s /run/dflash/stop.worker; do sleep 0.02; done'", check=False,
+        seen = sh(f"timeout 150 sh -c 'until test -s /run/dflash/{worker}.worker; do sleep 0.02; done'", check=False,
                   timeout=180)
         assert seen.returncode == 0 and playbook.poll() is None, "the stop's worker was never seen running"
         killed = masters_to(address, testbed.control_path_prefix())
@@ -106,20 +107,19 @@ SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
 
 def module_gone_with_its_session(sh):
     """The attached module process of a call whose connection dropped, ended as the end of its
-    session would end it (it waits for the detached stop worker, which goes on; the launch in the
-    same call would follow the stop if the process outlived its session). Ours: started by the
-    job this test ran, found by its argv (the pipelined `python3`), never the worker."""
-    worker = sh("cut -d' ' -f1 /run/dflash/stop.worker", check=False).stdout.strip()
+    session would end it. Ours: started by the job this test ran, found as the pipelined `python3`
+    attached from outside the CT (PPID 0: lxc-attach lives outside its PID namespace), never the
+    detached worker (reparented to the CT's init) nor its keeper (the worker's child)."""
     for pid in sh("pgrep -x -f /usr/bin/python3", check=False).stdout.split():
-        if pid != worker:
+        if sh(f"ps -o ppid= -p {pid}", check=False).stdout.strip() == "0":
             sh(f"kill -KILL {pid}", check=False)
 
 
-def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(testbed):
+def test_a_redeploy_whose_connection_dropped_in_its_stop_is_finished_by_the_cts_worker(testbed):
     """The same drop in the middle of redeploy.yml's stop (in the launch's call: a CT that runs
-    alone), its attached module ended with its session: the stop ends in the CT all the same,
-    but the run never gave its lock back, so a rerun is refused while the lease lasts and says
-    how to take it over; taken over by name, the rerun converges."""
+    alone), its attached module ended with its session: the worker that owns the redeploy stops
+    the run, launches the new one and, since nobody can read its result, records that and gives
+    the lock back; a rerun runs at once and says what happened before it."""
     out = "/workspace/ck-drop"
     override = ["-e", json.dumps({"dflash_output_dir": out})]
     in_ct200 = functools.partial(in_ct, testbed, "pve1", 200)
@@ -136,17 +136,18 @@ def test_redeploy_after_a_dropped_connection_converges_by_taking_the_lock_over(t
         wait_for_checkpoint_history(testbed, "pve1", 200, out, timeout=90)
         status, output = drop_connection_mid_stop(
             testbed, in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override],
-            after_drop=lambda: module_gone_with_its_session(in_ct200))
+            after_drop=lambda: module_gone_with_its_session(in_ct200), worker="launch")
         assert status != 0 and "UNREACHABLE" in output
-        wait_for_no_trainer(testbed, "pve1", 200, "/root/train_dflash_pipeline[.]py", 60, output)
-        holder = json.loads(in_ct200("cat /run/dflash/redeploy.lock").stdout)["holder"]
-        refused = testbed.playbook(REDEPLOY, "-l", "ct200", *override, check=False)
-        assert refused.returncode != 0 and f"CT is being redeployed by {holder}" in refused.stdout
-        assert "redeploy_lock_takeover" in refused.stdout
-        rerun = testbed.playbook(REDEPLOY, "-l", "ct200", *override,
-                                 "-e", json.dumps({"redeploy_lock_takeover": holder}))
-        assert "failed=0" in rerun.stdout
-        assert f"took over the live (lock_takeover) lock of {holder}" in rerun.stderr
+        testbed.wait_in_ct("pve1", 200, "! test -e /run/dflash/launch.worker", 120, "the worker's end",
+                           lambda: output)
+        record = json.loads(in_ct200("cat /var/lib/dflash/last-change.json").stdout)
+        assert record["controller"] == "gone" and record["failed"] is False, record
+        assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
+        assert in_ct200("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip() in in_ct200(
+            "pgrep -f '/opt/dflash/current/train_dflash_pipeline[.]py'").stdout.split()
+        rerun = testbed.playbook(REDEPLOY, "-l", "ct200", *override)
+        out_words = " ".join(rerun.stdout.split())
+        assert "failed=0" in rerun.stdout and "finished without its controller" in out_words, out_words[-3000:]
         assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
         assert len(in_ct200("pgrep -f 'train_dflash_pipeline[.]py'").stdout.split()) == 1
     finally:

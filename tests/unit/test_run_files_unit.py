@@ -115,3 +115,106 @@ def test_detached_work_outlives_its_caller_and_a_later_call_adopts_it(tmp_path):
     assert open(marker, encoding="utf-8").read() == "done"
     with open(os.path.join(state, "stop.result.json"), encoding="utf-8") as handle:
         assert json.load(handle)["result"] == {"finished": True}
+
+
+ORPHANED_CALLER = textwrap.dedent("""
+    import json, os, sys, time
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
+    state, lock_path, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+    def work():
+        time.sleep(1.5)
+        return {"finished": True}
+    def orphaned(result):
+        open(marker, "w").write(json.dumps(result))
+    print(detached.run(work, state, "launch", lease=(lock_path, "job-1", 0.6), on_orphaned=orphaned), flush=True)
+""")
+
+
+def test_a_workers_keeper_renews_its_lease_while_it_works_and_stops_with_it(tmp_path):
+    """The lease (0.6 s here) outlives a 1.5 s work only because the worker's keeper renews it,
+    naming the worker; once the worker is gone nothing renews it, so it ends one lease later."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+
+    state, lock_path = str(tmp_path / "state"), str(tmp_path / "state" / "redeploy.lock")
+    os.makedirs(state, mode=0o700)
+    lock.take(lock_path, "job-1", 0.6)
+
+    def work():  # in the worker: what it saw comes back in its result
+        seen = []
+        for _ in range(6):
+            time.sleep(0.25)
+            seen.append(lock.read(lock_path))
+        return {"worker": os.getpid(), "seen": seen}
+
+    result, _adopted = detached.run(work, state, "launch", lease=(lock_path, "job-1", 0.6))
+    seen = result["seen"]
+    renewals = {entry["renewed"] for entry in seen}
+    assert len(renewals) >= 3, seen  # every 0.2 s while it worked
+    assert all(entry["expires"] > entry["renewed"] and entry["worker"][0] == result["worker"] for entry in seen[1:])
+    last = lock.read(lock_path)
+    time.sleep(0.7)  # one lease after the worker's end: nobody renewed it, it has ended
+    assert lock.read(lock_path)["renewed"] == last["renewed"]
+    taken = lock.take(lock_path, "job-2", 60)
+    assert taken["taken_over_from"]["holder"] == "job-1" and "expired" in taken["msg"]
+
+
+def test_a_takeover_of_a_holder_whose_worker_still_works_is_refused_naming_its_last_renewal(tmp_path):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable
+
+    lock_path = str(tmp_path / "redeploy.lock")
+    lock.take(lock_path, "job-1", 60)
+    me = proctable.read_process(os.getpid()).identity  # a worker that runs: this process
+    assert lock.renew(lock_path, "job-1", 60, me, phase="stop")
+    with pytest.raises(lock.LockHeld) as refused:
+        lock.take(lock_path, "job-2", 60, takeover="job-1")
+    words = str(refused.value)
+    assert f"its worker in the CT (PID {os.getpid()}) is alive and keeps the lease: it is not taken over" in words
+    assert "renewed last at" in words and "last phase: stop" in words
+    # a renewal never takes a lock back from a job that took it over
+    dead = (me[0], me[1] + 1)  # the same PID with another start time: a worker that is gone
+    assert lock.renew(lock_path, "job-1", 60, dead)
+    assert lock.take(lock_path, "job-2", 60, takeover="job-1")["holder"] == "job-2"
+    assert lock.renew(lock_path, "job-1", 60, me) is False and lock.read(lock_path)["holder"] == "job-2"
+
+
+def test_a_worker_whose_caller_died_gives_the_result_to_on_orphaned(tmp_path):
+    """The controller killed while the worker ran: its attached module process ends, and the
+    worker itself runs on_orphaned with the result nobody will read."""
+    state, marker = str(tmp_path / "state"), str(tmp_path / "marker")
+    lock_path = str(tmp_path / "state" / "redeploy.lock")
+    env = dict(os.environ, PYTHONPATH=COLLECTIONS)
+    caller = subprocess.Popen([sys.executable, "-c", ORPHANED_CALLER, state, lock_path, marker], env=env)
+    deadline = time.monotonic() + 10
+    while detached.running_worker(state, "launch") is None:
+        assert time.monotonic() < deadline and caller.poll() is None
+        time.sleep(0.02)
+    os.kill(caller.pid, signal.SIGKILL)  # our own child, by PID
+    caller.wait()
+    deadline = time.monotonic() + 10
+    while not os.path.exists(marker):
+        assert time.monotonic() < deadline, "on_orphaned never ran"
+        time.sleep(0.05)
+    time.sleep(0.05)  # written whole: one short write
+    assert json.loads(open(marker, encoding="utf-8").read()) == {"finished": True}
+
+
+def test_the_change_record_says_when_a_change_finished_without_its_controller(tmp_path):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record
+
+    path = str(tmp_path / "lib" / "last-change.json")
+    change_record.begin(path, "root@vm ansible-playbook pid 15973", "redeploy", 4242)
+    change_record.update(path, phase="stage model")
+    record = change_record.read(path)
+    assert change_record.unattended(record, worker_running=True) is False
+    assert "is under way in the CT (phase: stage model, worker PID 4242)" in change_record.words(record, True)
+    # the worker died in the middle: no outcome, said so
+    assert change_record.unattended(record) is True
+    assert "ended without a result in phase stage model" in change_record.words(record)
+    change_record.end(path, False, "trainer PID 7 healthy")
+    assert change_record.unattended(change_record.read(path)) is False  # its controller read it
+    change_record.update(path, controller="gone")
+    record = change_record.read(path)
+    assert change_record.unattended(record) is True
+    words = change_record.words(record)
+    assert words.startswith("the redeploy started at ") and "by root@vm ansible-playbook pid 15973 finished " \
+        "without its controller at " in words and words.endswith(": trainer PID 7 healthy")

@@ -28,9 +28,12 @@ options:
         lock, so the job could not give it back and every job would be refused until the lease ends.
     type: str
   lock_ttl:
-    description: Lease in seconds from this task on.
+    description:
+      - Lease in seconds from this task on. A detached worker this task starts in the CT (a stop, a
+        launch) renews it every third of it while it works, so a long wait for a checkpoint keeps the
+        CT, and a holder that dies (a killed controller, a lost connection) frees it within one lease.
     type: float
-    default: 1800
+    default: 60
   lock_path:
     description: Lock file.
     type: path

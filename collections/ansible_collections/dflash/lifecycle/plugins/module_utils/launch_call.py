@@ -1,23 +1,33 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The launch as one call inside the CT: the stop first (stop_first), the run directory, the
-refusals, the wait for free GPUs, the resume, the activation, the start and the health wait.
+"""The launch as one call inside the CT: the stop first (stop_first), the model staged into
+shared memory (stage_models), the run directory, the refusals, the wait for free GPUs, the resume,
+the activation, the start, the health wait and, when that launch fails, the release of before
+relaunched from its checkpoint (rollback_on_failure).
+
+All of it, from the stop's first signal to the new run's health (or the old run's return), is one
+transaction run by a detached worker in the CT (module_utils/stop/detached.py): a controller that
+dies or is cancelled at any moment after the first signal leaves the worker to finish, its keeper
+renews the job's lock while it works, and its outcome is kept on the CT's disk
+(module_utils/ct/change_record.py) for `make status` and the next redeploy, which say when it
+finished without its controller.
 
 Both modules that launch run it: trainer_process as its whole work, and trainer_preflight after its
 checks (its ``launch`` option), so a CT that runs alone is preflighted, stopped and relaunched in
-one round trip when nothing is to be pushed or staged in between. ARGUMENT_SPEC is
-trainer_process's (its DOCUMENTATION documents it), less the lock's options.
+one round trip when nothing is to be pushed in between. ARGUMENT_SPEC is trainer_process's (its
+DOCUMENTATION documents it), less the lock's options.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import select
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress
 
 ARGUMENT_SPEC = {
     "command": {"type": "list", "elements": "str", "required": True},
@@ -63,6 +73,14 @@ ARGUMENT_SPEC = {
     "progress_file": {"type": "path"},
     "health_timeout": {"type": "float", "default": 300},
     "release_base": {"type": "path"},
+    "stage_models": {"type": "dict", "options": {
+        "models": {"type": "dict", "required": True},
+        "reserve_gb": {"type": "float", "default": 32},
+        "workers": {"type": "int", "default": 4},
+        "progress_file": {"type": "path"},
+    }},
+    "rollback_on_failure": {"type": "bool", "default": False},
+    "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
     "activate": {"type": "dict", "options": {
         "base": {"type": "path", "required": True},
         "release": {"type": "str", "required": True},
@@ -96,32 +114,226 @@ def checked(options, where):
     return validated.validated_parameters, validated._no_log_values
 
 
-def deferred(check_mode, release, preflight):
+def deferred(check_mode, release, preflight, launch):
     """Why a launch asked of the preflight's call cannot run in it, or None: what redeploy.yml does
     between the checks and the launch - the push of a release not installed (trainer_code's push.yml),
-    the staging of a model (trainer_model's stage.yml). release: the preflight's release option;
-    preflight: its result."""
+    the staging of a model the launch does not stage itself (trainer_model's stage.yml). release: the
+    preflight's release option; preflight: its result; launch: the launch's options."""
     if check_mode:
         return "check mode: the launch's own task reports what it would do"
     if release and not preflight["release_status"]["present"]:
         return f"release {release['release']} is to be pushed first"
-    if preflight["model_stage_needed"]:
+    if preflight["model_stage_needed"] and not launch.get("stage_models"):
         return "a model is to be staged between the stop and the launch"
     return None
 
 
-def run(params, check_mode, warn):
+def run(params, check_mode, warn, lease=None):
     """The launch of params (ARGUMENT_SPEC's, validated); returns the task's result, or raises
-    LaunchFailed."""
+    LaunchFailed. Outside check mode it runs as one transaction in a detached worker (the module
+    docstring); lease: the job's lock (path, holder, ttl), kept alive by the worker."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
+
+    if check_mode:  # nothing is stopped, staged or started: what would be, from here
+        return _launch(params, True, {})
+    # the worker is no descendant of ours: our ancestors stay out of its stop's reach
+    exclude = proctable.ancestors(proctable.snapshot(), os.getpid())
+
+    def without_controller(result):
+        _finished_without_controller(params["change_record"], lease)
+
+    try:
+        result, _adopted = detached.run(lambda: _transaction(params, exclude, lease), _state_dir(params), "launch",
+                                        lease=lease, on_orphaned=without_controller)
+    except (rundir.UnsafePath, OSError) as err:
+        raise LaunchFailed(f"run_dir: {err}; nothing was stopped or started") from None
+    if not _controller_attached():
+        without_controller(result)
+    for note in (result.get("stop") or {}).get("notes", []):
+        warn(note)
+    if result.pop("failed", False):
+        raise LaunchFailed(result.pop("msg"), **result)
+    return result
+
+
+def _state_dir(params):
+    return params["run_dir"] or os.path.dirname(params["pidfile"])
+
+
+def _controller_attached():
+    """Whether this module's answer can still reach the controller: its stdout (the pipe of the
+    connection: ssh, pct exec, lxc-attach) has a reader. A controller killed or cancelled while the
+    worker ran closes it."""
+    poller = select.poll()
+    poller.register(1, 0)  # POLLERR and POLLHUP are always reported
+    return not any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+
+
+def _finished_without_controller(record, lease):
+    """Nobody will read the worker's result: the CT's record says so (the next `make status` and
+    redeploy report it), and the job's lock is given back at once, as the job would have."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+
+    try:
+        change_record.update(record, controller="gone")
+    except OSError:
+        pass  # the outcome stays in the record as the worker wrote it
+    if lease:
+        try:
+            lock.release(lease[0], lease[1])
+        except OSError:
+            pass  # the lease ends on its own within its ttl
+
+
+def _transaction(params, exclude, lease):
+    """In the worker: the stop, the staging, the launch and, when the launch fails, the rollback;
+    each phase recorded in the lock and the CT's record. Returns the result (failed: True inside)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable
+
+    record = params["change_record"]
+    me = proctable.read_process(os.getpid()).identity
+
+    def phase(name):
+        try:
+            if lease:
+                lock.renew(lease[0], lease[1], lease[2], me, phase=name)
+            change_record.update(record, phase=name)
+        except (OSError, ValueError):
+            pass  # bookkeeping never fails the work
+
+    try:
+        change_record.begin(record, lease[1] if lease else None,
+                            "redeploy" if params["stop_first"] else "launch", me[0])
+    except OSError:
+        pass
+    try:
+        result = _steps(params, exclude, phase)
+    except LaunchFailed as err:
+        result = dict(err.details, failed=True, msg=err.msg)
+    try:
+        change_record.end(record, result.get("failed"), outcome_words(result, _running_words(params)))
+    except OSError:
+        pass
+    return result
+
+
+def _running_words(params):
+    """What runs now, read from the CT (never inferred from the steps)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+
+    running = trainer_finding.running(params["pidfile"], params["pattern"])
+    return f"trainer PID {running.pid} runs" if running is not None else "NO TRAINER IS RUNNING"
+
+
+def _steps(params, exclude, phase):
+    done = {}
+    if params["stop_first"]:
+        phase("stop")
+        # every later result carries the stop's: what the report and a rescue read
+        done["stop"] = _stop_first(params, exclude)
+    if params["stage_models"]:
+        phase("stage model")
+        done["staged"] = _stage(params, done)
+    before = _links(params)
+    phase("launch")
+    try:
+        return _launch(params, False, done)
+    except LaunchFailed as err:
+        if not params["rollback_on_failure"]:
+            raise
+        phase("rollback")
+        err.details["rollback"] = _rollback(params, err, before, exclude)
+        raise
+
+
+def _links(params):
+    """current and previous of the release base before the launch moves them."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases
+
+    base = (params["activate"] or {}).get("base")
+    if not base:
+        return None
+    return {name: releases.link_target(os.path.join(base, name)) for name in ("current", "previous")}
+
+
+def _stage(params, done):
+    """The models staged into shared memory between the stop and the launch (model_stage's work)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+
+    wanted = params["stage_models"]
+    progress_file = wanted["progress_file"] or os.path.join(_state_dir(params), "stage.progress.json")
+    try:
+        changed, models, msg = model_stage.stage_all(
+            wanted["models"], wanted["reserve_gb"], wanted["workers"], progress_file,
+            lambda: trainer_finding.running(params["pidfile"], params["pattern"]))
+    except model_stage.StageRefused as err:
+        raise LaunchFailed(f"model staging failed, nothing was started: {err}",
+                           staged={"failed": True, "msg": str(err), "models": err.models}, **done) from None
+    return {"changed": changed, "models": models, "msg": msg}
+
+
+ROLLBACK_LADDER = [{"signal": "SIGTERM", "scope": "tree", "wait": 30}, {"signal": "SIGKILL", "scope": "tree", "wait": 10}]
+
+
+def _rollback(params, failed, before, exclude):
+    """After a failed launch: the failed trainer stopped if it still runs (no checkpoint of it is
+    wanted), current and previous set back to what they were, and the release of before relaunched,
+    resuming from the newest checkpoint (the stop's). Returns what each step did; a step that fails
+    ends it with failed and msg."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options
+
+    done = {}
+    if failed.details.get("running"):
+        try:
+            options = stop_options.checked(dict(
+                params["stop_first"] or {"pidfile": params["pidfile"], "pattern": params["pattern"]},
+                ladder=ROLLBACK_LADDER, no_graceful="proceed", on_missing_checkpoint="proceed", detach=False,
+                signal_at=None), "rollback stop")
+        except stop_options.InvalidParameter as err:
+            return dict(done, failed=True, msg=str(err))
+        options.exclude_pids.update(exclude)
+        done["stop"] = staged_stop.run_in_module(options)
+        if done["stop"].get("failed"):
+            return dict(done, failed=True, msg=f"the failed trainer could not be stopped: {done['stop'].get('msg')}")
+    if before is not None:
+        base = params["activate"]["base"]
+        try:
+            changed = releases.restore(base, before["current"], before["previous"])
+        except (releases.ReleaseError, OSError) as err:
+            return dict(done, failed=True, msg=f"restoring current and previous failed: {err}")
+        done["restored"] = dict(before, changed=changed)
+    again = dict(params, stop_first=None, stage_models=None, activate=None, rollback_on_failure=False,
+                 resume_auto=not params["resumes"])
+    try:
+        done["relaunch"] = _launch(again, False, {})
+    except LaunchFailed as err:
+        return dict(done, failed=True, msg=f"the relaunch of the release of before failed: {err.msg}",
+                    relaunch=dict(err.details, failed=True, msg=err.msg))
+    done["msg"] = f"rolled back: {done['relaunch']['msg']}"
+    return done
+
+
+def outcome_words(result, running_words):
+    """The transaction's result in one line, for the CT's record: what it did, then what runs."""
+    words = result.get("msg") or "no message"
+    rollback = result.get("rollback")
+    if rollback is not None:
+        words += f"; {rollback.get('msg')}"
+    return f"{words}; {running_words}" if result.get("failed") else words
+
+
+def _launch(params, check_mode, done):
+    """The launch of params after its stop and staging (done: their results, carried by every
+    later result); returns the task's result, or raises LaunchFailed."""
     # only a call that launches pays for importing these (the preflight's without a launch does not)
     from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases, rundir
     from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
-    stopped = _stop_first(params, check_mode, warn)
-    # every later result carries the stop's: what the report and a rescue read
-    done = {"stop": stopped} if stopped is not None else {}
     try:
         written = launch.prepare_run(params, check_mode=check_mode)
     except (rundir.UnsafePath, OSError) as err:
@@ -201,20 +413,18 @@ def _wait_for_gpus(params, check_mode, done):
         report.close()
 
 
-def _stop_first(params, check_mode, warn):
-    """The stop before the launch (stop_first); raises LaunchFailed when it did not end as asked.
-    Returns its result, or None when there is none to run."""
+def _stop_first(params, exclude):
+    """The stop before the launch (stop_first), in this worker; raises LaunchFailed when it did
+    not end as asked. Returns its result."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options
 
-    if not params["stop_first"] or check_mode:
-        return None
     try:
         options = stop_options.checked(params["stop_first"], "stop_first")
     except stop_options.InvalidParameter as err:
         raise LaunchFailed(f"{err}; nothing was stopped or started") from None
+    options.detach = False  # this worker is detached already
+    options.exclude_pids.update(exclude)
     result = staged_stop.run_in_module(options)
-    for note in result.get("notes", []):
-        warn(note)
     if result.get("failed"):
         raise LaunchFailed(f"the stop failed, nothing was started: {result.get('msg')}", stop=result)
     return result

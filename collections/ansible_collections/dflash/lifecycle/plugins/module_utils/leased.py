@@ -22,7 +22,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, r
 
 ARGUMENT_SPEC = {
     "lock_holder": {"type": "str"},
-    "lock_ttl": {"type": "float", "default": 1800},
+    "lock_ttl": {"type": "float", "default": 60},
     "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
     "lock_unlock": {"type": "bool", "default": False, "aliases": ["lock_release"],
                     "deprecated_aliases": [{"name": "lock_release", "version": "0.3.0",
@@ -85,6 +85,13 @@ class LeasedModule(AnsibleModule):
             self.fail_json(msg=f"{err} Now in this CT: {ct_state(self.params['lock_path'])}.", holder=err.holder)
         except rundir.UnsafePath as err:
             self.fail_json(msg=f"lock_path: {err}")
+
+    def worker_lease(self):
+        """The job's lock as a detached worker keeps it alive while it works, (path, holder, ttl);
+        None when this call runs under no lock."""
+        if self.lease is None:
+            return None
+        return self.params["lock_path"], self.params["lock_holder"], self.params["lock_ttl"]
 
     def enter_phase(self, phase):
         """Record in the lock (renewed) that this call went on to another phase of its job: the

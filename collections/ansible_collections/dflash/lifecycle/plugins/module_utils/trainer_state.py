@@ -5,8 +5,8 @@ dflash.lifecycle.trainer_info module.
 
 The trainer (pidfile, else pattern), its uptime and run identity, the release current points
 to and any drift, its recent throughput (the median of its last progress lines) and the
-figure recorded at its launch, the newest checkpoint and its age, and the per-CT lock with
-the phase its holder reached.
+figure recorded at its launch, the newest checkpoint and its age, the per-CT lock with
+the phase its holder reached, and the last change a job made to the run as the CT recorded it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import os
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict, checkpoints
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable, progress, releases, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import (
+    change_record, lock, proctable, progress, releases, rundir)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.proctable import RUN_ID_ENV
@@ -85,4 +86,18 @@ def read(params, proc_root="/proc"):
     state["checkpoint"]["resume_older"] = checkpoint_verdict.older_resume_words(state["checkpoint"]) or None
     held = lock.read(params["lock_path"]) if params.get("lock_path") else None
     state["lock"] = held if held and held.get("expires", 0) > time.time() else None
+    state["last_change"] = last_change(params.get("change_record"), os.path.dirname(params["pidfile"]))
     return state
+
+
+def last_change(path, run_dir):
+    """The CT's record of the last change to the run (module_utils/ct/change_record.py) with its
+    words, or None; whether its worker still runs is read from the run directory."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
+
+    record = change_record.read(path) if path else None
+    if record is None:
+        return None
+    working = detached.running_worker(run_dir, "launch") is not None
+    return dict(record, unattended=change_record.unattended(record, working),
+                words=change_record.words(record, working))

@@ -114,10 +114,8 @@ msg:
   type: str
 """
 
-import os
-
 from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
 
@@ -134,42 +132,15 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if params["workers"] < 1:
-        module.fail_json(msg=f"workers: {params['workers']}: at least 1")
+    trainer = params["trainer"]
     try:
-        plans = [model_stage.plan(target, str(source), int(params["reserve_gb"] * model_stage.GB))
-                 for target, source in sorted(params["models"].items())]
-    except model_stage.StageError as err:
-        module.fail_json(msg=f"models: {err}. Nothing was copied")
-    unfit = [p for p in plans if not p["fits"]]
-    if unfit and not module.check_mode:
-        module.fail_json(msg="; ".join(model_stage.refusal(p) for p in unfit) + ". Nothing was copied", models=plans)
-    running = None
-    if params["trainer"] and any(p["needed"] for p in plans) and not module.check_mode:
-        running = trainer_finding.running(params["trainer"]["pidfile"], params["trainer"]["pattern"])
-    if running is not None:
-        module.fail_json(msg=f"the trainer PID {running.pid} runs: a model is never staged under it (a redeploy "
-                         "stops it first). Nothing was copied", models=plans)
-    done = []
-    for p in plans:
-        if not p["needed"] or module.check_mode:
-            done.append(p)
-            continue
-        users = model_stage.users_of([p["target"]])
-        if users:
-            module.fail_json(msg=model_stage.in_use(p["target"], users) + ": it is not replaced under a running "
-                             "process. Nothing was copied", models=plans)
-        rundir.secure_dir(os.path.dirname(params["progress_file"]))
-        progress = rundir.ProgressFile(params["progress_file"], lambda p=p: {"target": p["target"]})
-        try:
-            done.append(model_stage.stage(p, params["workers"], progress))
-        except (OSError, model_stage.StageError) as err:
-            module.fail_json(msg=f"model {p['target']}: staging failed: {err}. The target was not replaced",
-                             models=done + [p])
-        finally:
-            progress.close()
-    module.exit_json(changed=any(p["needed"] or p["state"] == "staged" for p in done), models=done,
-                     msg="; ".join(model_stage.words(p) for p in done))
+        changed, done, msg = model_stage.stage_all(
+            params["models"], params["reserve_gb"], params["workers"], params["progress_file"],
+            lambda: trainer_finding.running(trainer["pidfile"], trainer["pattern"]) if trainer else None,
+            module.check_mode)
+    except model_stage.StageRefused as err:
+        module.fail_json(msg=str(err), models=err.models)
+    module.exit_json(changed=changed, models=done, msg=msg)
 
 
 if __name__ == "__main__":

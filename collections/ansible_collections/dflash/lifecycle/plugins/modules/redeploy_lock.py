@@ -29,7 +29,7 @@ options:
   ttl:
     description: Lease in seconds; each acquire by the same holder renews it.
     type: float
-    default: 1800
+    default: 60
   state:
     description: Take or drop the lock.
     type: str
@@ -83,7 +83,7 @@ def main():
         argument_spec={
             "path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
             "holder": {"type": "str", "required": True},
-            "ttl": {"type": "float", "default": 1800},
+            "ttl": {"type": "float", "default": 60},
             "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
         },
         supports_check_mode=False,

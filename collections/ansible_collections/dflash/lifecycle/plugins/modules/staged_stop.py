@@ -567,7 +567,7 @@ def main():
         options = StopOptions(module.params)
     except InvalidParameter as err:
         module.fail_json(msg=str(err))
-    result = staged_stop.run_in_module(options, check_mode=module.check_mode)
+    result = staged_stop.run_in_module(options, check_mode=module.check_mode, lease=module.worker_lease())
     if result.pop("failed", False):
         module.fail_json(**result)
     for note in result["notes"]:

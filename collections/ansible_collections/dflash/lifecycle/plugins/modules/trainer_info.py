@@ -61,6 +61,12 @@ options:
     description: The per-CT lock file.
     type: path
     default: /run/dflash/redeploy.lock
+  change_record:
+    description: >-
+      The CT's record of the last change a job made to its run (who, when, the phase it reached, how
+      it ended, whether its controller saw it end), on the CT's disk.
+    type: path
+    default: /var/lib/dflash/last-change.json
   models:
     description:
       - The paths the trainer loads from shared memory, mapped to their persistent copies, as
@@ -159,9 +165,20 @@ checkpoint:
   returned: always
   type: dict
 lock:
-  description: The live per-CT lock (holder, since, expires, phase), or null.
+  description: The live per-CT lock (holder, since, expires, renewed, phase, worker), or null.
   returned: always
   type: dict
+last_change:
+  description: >-
+    The last change a job made to the run, as the CT's worker recorded it (O(change_record)):
+    C(holder), C(what), C(started_at), C(phase), C(finished_at), C(failed), C(outcome), C(controller)
+    (V(gone) when its controller did not see it end), C(unattended) and C(words), the record in one
+    line; null when there is none.
+  returned: always
+  type: dict
+  sample: {holder: "root@vm ansible-playbook pid 15973", what: redeploy, phase: launch, controller: gone,
+           unattended: true, words: "the redeploy started at 2026-12-05 20:19:40 UTC by root@vm ansible-playbook
+           pid 15973 finished without its controller at 2026-12-05 20:19:47 UTC: trainer PID 4242 healthy"}
 found:
   description: How the trainer was found, and why a pidfile was rejected.
   returned: always
@@ -198,6 +215,7 @@ def main():
             "throughput_history": {"type": "int", "default": 0},
             "release_base": {"type": "path"},
             "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
+            "change_record": {"type": "path", "default": "/var/lib/dflash/last-change.json"},
             "models": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,

@@ -157,6 +157,13 @@ options:
       pattern:
         description: Regex on its command line, for a trainer without a pidfile.
         type: str
+  change_record:
+    description:
+      - The CT's record of the last change a job made to the run (written by the CT's worker). A
+        change that ended without its controller, or whose worker died, is reported once in
+        RV(unattended_change), and marked as reported by this job (not in check mode).
+    type: path
+    default: /var/lib/dflash/last-change.json
   throughput:
     description:
       - Read the running trainer's recent throughput from its log (the throughput canary's
@@ -348,6 +355,14 @@ launch:
     null when it was deferred.
   returned: when O(launch) is set
   type: dict
+unattended_change:
+  description: >-
+    The last change to the run when its controller did not see it end (a redeploy whose controller was
+    killed or cancelled after the first signal: the CT's worker finished it), in one line; null otherwise.
+  returned: always
+  type: str
+  sample: "the redeploy started at 2026-12-05 20:19:40 UTC by root@vm ansible-playbook pid 15973 finished without
+    its controller at 2026-12-05 20:19:47 UTC: trainer PID 4242 healthy"
 launch_deferred:
   description: Why O(launch) was not run in this call (a release to push, a model to stage, check mode), or null.
   returned: when O(launch) is set
@@ -361,11 +376,12 @@ release_status:
   type: dict
 """
 
+import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight, trainer_state
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, proctable, progress, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, model_stage, proctable, progress, releases
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
 
@@ -401,6 +417,7 @@ def main():
                 "pidfile": {"type": "path"},
                 "pattern": {"type": "str"},
             }},
+            "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
             "gang_marks": {"type": "dict", "options": {
                 "job": {"type": "str", "required": True},
                 "me": {"type": "str", "required": True},
@@ -431,6 +448,22 @@ def main():
         check(module)
 
 
+def _unattended_change(module):
+    """The last change to the run in words when no controller saw it end and no job reported it
+    yet; this job reports it (marked, outside check mode)."""
+    trainer = module.params["trainer"] or {}
+    run_dir = os.path.dirname(trainer.get("pidfile") or "/run/dflash/trainer.pid")
+    last = trainer_state.last_change(module.params["change_record"], run_dir)
+    if not last or not last["unattended"] or last.get("reported"):
+        return None
+    if not module.check_mode:
+        try:
+            change_record.update(module.params["change_record"], reported=module.params["lock_holder"] or True)
+        except OSError as err:
+            module.warn(f"change_record: cannot mark it reported: {err}")
+    return last["words"]
+
+
 def check(module):
     """The checks, the launch when one is asked and nothing is to be done before it, and the
     module's answer."""
@@ -442,6 +475,7 @@ def check(module):
             module.fail_json(msg=f"{err}; nothing was checked, stopped or started")
         module.no_log_values.update(secrets)
     result = preflight.preflight(module.params)
+    result["unattended_change"] = _unattended_change(module)
     if module.params["gang_marks"] and result["checkpoint"] is not None:
         result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
                                                                   module.params["gang_marks"], module.check_mode)
@@ -495,13 +529,13 @@ def check(module):
             for c in failed), **result)
     if launch is None:
         module.exit_json(changed=False, **result)
-    result["launch_deferred"] = launch_call.deferred(module.check_mode, module.params["release"], result)
+    result["launch_deferred"] = launch_call.deferred(module.check_mode, module.params["release"], result, launch)
     if result["launch_deferred"]:
         module.params["lock_unlock"] = False  # the job's next steps run under it
         module.exit_json(changed=False, launch=None, **result)
     module.enter_phase("launch")
     try:
-        result["launch"] = launch_call.run(launch, False, module.warn)
+        result["launch"] = launch_call.run(launch, False, module.warn, module.worker_lease())
     except launch_call.LaunchFailed as err:
         result["launch"] = dict(err.details, failed=True, msg=err.msg)
         module.fail_json(msg=err.msg, **result)

@@ -34,6 +34,22 @@ description:
     that stop succeeded - the stop and the launch in one call inside the CT, with no controller
     round trip between the old run's end and the new one's start. C(redeploy.yml) does this for a
     CT that runs alone.
+  - Outside check mode, everything from O(stop_first)'s first signal to the new run's health runs
+    as one transaction in a detached worker in the CT (own session, stdio on /dev/null): a
+    controller that is killed, cancelled or loses its connection at any moment leaves the worker
+    to finish. While it works, a keeper process renews the job's lock (the C(lock_*) options) every
+    third of O(lock_ttl). It records the change, its phases and its outcome in O(change_record);
+    when nobody can read its result any more (the module process on the controller's connection is
+    gone, or its standard output has no reader), it marks the record C(controller: gone) and gives
+    the lock back.
+  - With O(stage_models), after the stop and before the start, it stages each model that is
+    missing from shared memory or differs from its persistent copy, exactly as
+    M(dflash.lifecycle.model_stage) does.
+  - With O(rollback_on_failure), a launch that fails is rolled back in the same worker - the failed
+    trainer stopped (SIGTERM, then SIGKILL, to its tree) if it still runs, C(current) and
+    C(previous) set back to what they were, and the release of before relaunched, resuming from
+    the newest checkpoint; RV(rollback) says what it did. The task still fails, with the launch's
+    error.
   - With O(activate), once the refusal checks passed it points the release directory's
     C(current) at the given release, in the same call (see M(dflash.lifecycle.trainer_release)
     V(activate)); C(redeploy.yml) activates the pushed release this way, saving a round trip.
@@ -128,6 +144,41 @@ options:
         writes at the head of the run's log (C(dflash-lifecycle: launch of release <id> (run
         <run id>))); with O(activate), its release is named. The throughput chart reads it.
     type: path
+  stage_models:
+    description:
+      - Models to stage into shared memory between the stop and the start, as
+        M(dflash.lifecycle.model_stage) does with the same options; only those missing or
+        different are copied. A staging that fails starts nothing (and, with O(rollback_on_failure),
+        the release of before is relaunched).
+    type: dict
+    suboptions:
+      models:
+        description: Each target path in shared memory, mapped to its persistent copy.
+        type: dict
+        required: true
+      reserve_gb:
+        description: Memory (GB) kept free beside the model in the CT's memory cgroup.
+        type: float
+        default: 32
+      workers:
+        description: Files copied at once.
+        type: int
+        default: 4
+      progress_file:
+        description: Where the copy's progress goes (default C(stage.progress.json) in O(run_dir)).
+        type: path
+  rollback_on_failure:
+    description:
+      - Roll a failed launch back in the same detached worker, whatever happens to the controller
+        (the description above); C(redeploy.yml) sets it for a CT that runs alone.
+    type: bool
+    default: false
+  change_record:
+    description:
+      - The CT's record of this change (holder, start, phase, outcome, whether the controller saw
+        the end), on the CT's disk so that it outlives C(/run).
+    type: path
+    default: /var/lib/dflash/last-change.json
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode
@@ -343,6 +394,17 @@ stop:
     (C(failed) true when it did not end as asked; then nothing was started).
   returned: when O(stop_first) is set, outside check mode
   type: dict
+staged:
+  description: The staging of O(stage_models) - C(changed), C(models) (as M(dflash.lifecycle.model_stage) returns them) and C(msg).
+  returned: when O(stage_models) is set, outside check mode
+  type: dict
+rollback:
+  description: >-
+    What O(rollback_on_failure) did after the failed launch: C(stop) (the failed trainer's stop, when it
+    still ran), C(restored) (C(current), C(previous), C(changed)), C(relaunch) (the relaunch's result,
+    as this module returns it) and C(msg); C(failed) and C(msg) when a step of it failed.
+  returned: when the launch failed with O(rollback_on_failure)
+  type: dict
 activated:
   description: Whether O(activate) moved C(current) (C(changed)), and C(current) and C(previous) after it.
   returned: when O(activate) is set and the refusal checks passed
@@ -477,7 +539,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_cal
 def main():
     module = leased.LeasedModule(phase="launch", argument_spec=launch_call.ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        result = launch_call.run(module.params, module.check_mode, module.warn)
+        result = launch_call.run(module.params, module.check_mode, module.warn, module.worker_lease())
     except launch_call.LaunchFailed as err:
         module.fail_json(msg=err.msg, **err.details)
     module.exit_json(**result)

@@ -71,8 +71,8 @@ def stage_words(progress):
 
 def launch_watch(connection, args, host):
     """(args, watch): a launch's module options (trainer_process's) with the file its progress goes
-    to set - in its run_dir, or beside its pidfile - and, with stop_first, the stop's; and the
-    ProgressWatch that shows both while the module runs."""
+    to set - in its run_dir, or beside its pidfile - and, with stop_first and stage_models, the
+    stop's and the model copy's; and the ProgressWatch that shows them while the module runs."""
     args = dict(args)
     if not args.get("progress_file"):
         run_dir = args.get("run_dir") or os.path.dirname(args.get("pidfile") or "/run/dflash/trainer.pid")
@@ -81,6 +81,10 @@ def launch_watch(connection, args, host):
     if isinstance(args.get("stop_first"), dict):  # the stop before the launch writes its own
         stop = args["stop_first"] = dict(args["stop_first"], progress_file=stop_progress_file(args["stop_first"]))
         more.append((stop["progress_file"], stop_words))
+    if isinstance(args.get("stage_models"), dict):  # and the model's copy after it
+        stage = args["stage_models"] = dict(args["stage_models"], progress_file=args["stage_models"].get(
+            "progress_file") or os.path.join(os.path.dirname(args["progress_file"]), "stage.progress.json"))
+        more.append((stage["progress_file"], stage_words))
     return args, ProgressWatch(connection, args["progress_file"], launch_words, host, more)
 
 

@@ -125,6 +125,8 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "relaunched_after_stop": bool(relaunched_after_stop) and running,
         # when this job stopped the run (the stop's first signal, the node's wall clock)
         "stopped_at": (stop or {}).get("signalled_at") if isinstance(stop, dict) else None,
+        # a change to the run before this job that no controller saw end (the CT's worker finished it)
+        "unattended_change": (preflight or {}).get("unattended_change") if isinstance(preflight, dict) else None,
         # the gang this CT runs in (its own report says what the gang's state is)
         "gang": ((checked or {}).get("gang") or {}).get("name") if isinstance(checked, dict) else None,
     }
@@ -226,7 +228,10 @@ def report(data):
         # with since when and the way back (a gang's report says it of the gang)
         head = (f"{data['host']} is DOWN since {_down_since(data)}: `make start HOST={data['host']}` starts it "
                 "again. " + head)
-    lines = [head, *data["model_words"]]
+    lines = [head]
+    if data.get("unattended_change"):
+        lines.append(f"before this job, {data['unattended_change']}")
+    lines.extend(data["model_words"])
     if data["errors"]:
         lines.append("; ".join(data["errors"]))
     if data["canary"] and not data["canary"]["action"]:  # an acted-on regression is among the errors

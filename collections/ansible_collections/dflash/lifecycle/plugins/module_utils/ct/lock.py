@@ -2,12 +2,16 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Per-CT redeploy lock: a lease in a root-only directory (Python 3.8 compatible).
 
-The holder (user or AWX job) is recorded with the time it took the lock and when its
-lease ends; each phase of a redeploy renews the lease (module_utils/leased.py). A lock
-whose lease has ended belongs to a redeploy that is gone (killed, lost its connection) and
-is taken over. A live lease is taken over only when the caller names its holder (takeover):
-an operator who knows that run is gone need not wait for the lease to end, and a run that
-took the lock since is not overrun by mistake.
+The holder (user or AWX job) is recorded with the time it took the lock, when its lease ends
+and when it was last renewed. The lease is short (a minute by default) and kept alive by
+whoever works: each call of the job into the CT (module_utils/leased.py), and, while a detached
+worker runs the job's work in the CT (a stop waiting for a checkpoint, a launch waiting for
+health), a keeper process beside that worker (keep_alive), the worker recorded as ``worker``. A
+holder that dies - a controller killed, a connection lost - stops renewing, and its lock is free
+within one lease of its last work, as with Kubernetes' and etcd's leases. A lock whose lease has
+ended is taken over. A live lease is taken over only when the caller names its holder
+(takeover, for a holder known to be dead), and never while its worker still runs: that holder
+is alive and working, and the refusal names its last renewal.
 Every change happens under flock on a guard file and lands by atomic rename of a file
 opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
 """
@@ -20,6 +24,7 @@ import os
 import shlex
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
 
 
@@ -46,10 +51,21 @@ def _guarded(path, action):
         os.close(fd)
 
 
+def _clock(epoch):
+    return time.strftime("%H:%M:%S UTC", time.gmtime(epoch))
+
+
 def describe(lock):
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(lock.get("since", 0)))
     phase = f", last phase: {lock['phase']}" if lock.get("phase") else ""
     return f"{lock.get('holder')} since {since}{phase}"
+
+
+def live_worker(lock):
+    """The PID of the detached worker that does lock's holder's work in the CT (its keeper renews
+    the lease), while it still runs; else None."""
+    worker = (lock or {}).get("worker")
+    return worker[0] if worker and proctable.alive(tuple(worker)) else None
 
 
 def read(path):
@@ -60,29 +76,78 @@ def read(path):
         return None
 
 
+def _refusal(current, now):
+    renewed = current.get("renewed", current.get("since", 0))
+    lease = (f"lease until {_clock(current['expires'])}, renewed last at {_clock(renewed)}, "
+             f"{max(0, round(now - renewed))}s ago")
+    worker = live_worker(current)
+    if worker is not None:
+        return (f"CT is being redeployed by {describe(current)} ({lease}); its worker in the CT (PID {worker}) "
+                f"is alive and keeps the lease: it is not taken over. The lock is free "
+                f"within {round(current['expires'] - current.get('renewed', now))}s of that worker's end.")
+    return (f"CT is being redeployed by {describe(current)} ({lease}); it is free once the lease ends, "
+            f"unless renewed; if that run is known to be gone, take the lock over with lock_takeover "
+            f"naming it (the playbooks: -e "
+            f"{shlex.quote(json.dumps({'redeploy_lock_takeover': current.get('holder')}))}).")
+
+
 def acquire(path, holder, ttl, now=None, takeover=None, phase=None):
     """Take or renew the lock for holder, recording the phase its holder is in; a live lease of
-    another holder only when takeover names it. Returns (changed, lock, taken_over_from)."""
+    another holder only when takeover names it and no worker of that holder runs.
+    Returns (changed, lock, taken_over_from)."""
     now = time.time() if now is None else now
 
     def action():
         current = _read(path)
         taken_over = None
         if current is not None and current.get("holder") != holder:
-            if current.get("expires", 0) > now and current.get("holder") != takeover:
-                raise LockHeld(f"CT is being redeployed by {describe(current)} "
-                               f"(lease until {time.strftime('%H:%M:%S UTC', time.gmtime(current['expires']))}); "
-                               f"if that run is gone, take the lock over with lock_takeover naming it "
-                               f"(the playbooks: -e "
-                               f"{shlex.quote(json.dumps({'redeploy_lock_takeover': current.get('holder')}))}).",
-                               current)
+            live = current.get("expires", 0) > now
+            if live and (current.get("holder") != takeover or live_worker(current) is not None):
+                raise LockHeld(_refusal(current, now), current)
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
-        lock = {"holder": holder, "since": since, "expires": now + ttl, "phase": phase}
+        lock = {"holder": holder, "since": since, "expires": now + ttl, "renewed": now, "phase": phase,
+                "worker": None}
         write_atomic(path, json.dumps(lock), 0o600)
         return current is None or taken_over is not None, lock, taken_over
 
     return _guarded(path, action)
+
+
+def renew(path, holder, ttl, worker, phase=None):
+    """Renew holder's lease for its worker (pid, starttime), keeping the phase unless phase is
+    given. Returns False, changing nothing, when holder no longer holds the lock (taken over
+    since): a worker never takes a lock back."""
+    def action():
+        current = _read(path)
+        if current is None or current.get("holder") != holder:
+            return False
+        now = time.time()
+        current.update(expires=now + ttl, renewed=now, worker=list(worker),
+                       phase=current.get("phase") if phase is None else phase)
+        write_atomic(path, json.dumps(current), 0o600)
+        return True
+
+    return _guarded(path, action)
+
+
+def keep_alive(lease, worker_pidfd, worker):
+    """The keeper's loop: renew lease (path, holder, ttl) every third of its ttl while the worker
+    (its pidfd, its (pid, starttime)) runs; once it is gone, stop renewing. The lease then ends one
+    ttl after the worker's last renewal. Returns when the worker is gone or the lock was lost."""
+    import select
+
+    path, holder, ttl = lease
+    poller = select.poll()
+    poller.register(worker_pidfd, select.POLLIN)
+    while True:
+        try:
+            if not renew(path, holder, ttl, worker):
+                return
+        except (OSError, ValueError):
+            pass  # a full or read-only run directory: the next tick tries again
+        if poller.poll(ttl / 3 * 1000):
+            return
 
 
 def take(path, holder, ttl, takeover=None, phase=None):

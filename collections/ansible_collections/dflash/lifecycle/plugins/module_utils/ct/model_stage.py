@@ -20,6 +20,8 @@ import stat
 import threading
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import rundir
+
 INDEX = "model.safetensors.index.json"
 CHUNK = 16 * 1024 * 1024
 GB = 1e9
@@ -349,3 +351,51 @@ def stage(p, workers=4, progress=None):
         os.rename(staging, p["target"])
     return dict(p, needed=False, state="staged", seconds=round(seconds, 2), workers=streams,
                 rate=round(copier.done / seconds) if seconds > 0 else 0, verified_by=checks["verified_by"])
+
+
+class StageRefused(StageError):
+    """Nothing was copied, or the copy failed without replacing its target; models: the plans
+    as far as they got."""
+
+    def __init__(self, msg, models):
+        super().__init__(msg)
+        self.models = models
+
+
+def stage_all(models, reserve_gb, workers, progress_file, trainer_running, check_mode=False):
+    """Stage every model (target -> source) whose plan needs it, one after the other: the model_stage
+    module's work, and the redeploy's between its stop and its launch. trainer_running() -> the
+    running trainer (with .pid) or None: a model is never staged under it. Returns (changed, the
+    plans and copies, msg); raises StageRefused."""
+    if workers < 1:
+        raise StageRefused(f"workers: {workers}: at least 1", [])
+    try:
+        plans = [plan(target, str(source), int(reserve_gb * GB)) for target, source in sorted(models.items())]
+    except StageError as err:
+        raise StageRefused(f"models: {err}. Nothing was copied", []) from None
+    unfit = [p for p in plans if not p["fits"]]
+    if unfit and not check_mode:
+        raise StageRefused("; ".join(refusal(p) for p in unfit) + ". Nothing was copied", plans)
+    running = trainer_running() if any(p["needed"] for p in plans) and not check_mode else None
+    if running is not None:
+        raise StageRefused(f"the trainer PID {running.pid} runs: a model is never staged under it (a redeploy "
+                           "stops it first). Nothing was copied", plans)
+    done = []
+    for p in plans:
+        if not p["needed"] or check_mode:
+            done.append(p)
+            continue
+        users = users_of([p["target"]])
+        if users:
+            raise StageRefused(in_use(p["target"], users) + ": it is not replaced under a running "
+                               "process. Nothing was copied", plans)
+        rundir.secure_dir(os.path.dirname(progress_file))
+        progress = rundir.ProgressFile(progress_file, lambda p=p: {"target": p["target"]})
+        try:
+            done.append(stage(p, workers, progress))
+        except (OSError, StageError) as err:
+            raise StageRefused(f"model {p['target']}: staging failed: {err}. The target was not replaced",
+                               done + [p]) from None
+        finally:
+            progress.close()
+    return (any(p["needed"] or p["state"] == "staged" for p in done), done, "; ".join(words(p) for p in done))

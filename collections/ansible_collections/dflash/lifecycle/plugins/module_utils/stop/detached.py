@@ -10,6 +10,16 @@ the worker exits, with no polling interval added (Ansible's async would poll fro
 controller, a round trip per poll and at least a second of added latency). A later call that
 finds a worker still running waits for that one and returns its result instead of starting
 a second stop.
+
+The worker is what owns a job's work in the CT once it began (the redeploy's stop, model staging,
+launch, health wait and rollback; a stop of its own), so nothing it does depends on the
+controller that asked for it:
+- a keeper process beside it renews the job's lock (lease) every third of its lease while it
+  works, and stops with it: a long wait for a checkpoint keeps the CT, a dead worker frees it
+  within one lease (module_utils/ct/lock.py);
+- when its caller (the module process attached to the controller's connection) is gone by the
+  time the work ends, on_orphaned(result) runs in the worker: nobody will read the result, so the
+  worker itself records that and gives back what the caller would have.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set, trainer_finding
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
@@ -67,7 +77,26 @@ def _read_result(state_dir, name, worker_pid):
     return record["result"]
 
 
-def _work_in_worker(work, state_dir, name, pipe_w):
+def _start_keeper(lease, me, pipe_w):
+    """Fork the process that keeps lease (path, holder, ttl) alive while this worker (me) runs.
+    A process, not a thread: the worker forks and execs the trainer (preexec_fn), which a thread
+    would make unsafe."""
+    if not hasattr(os, "pidfd_open"):
+        return  # no keeper: each call of the job renews the lease, as before workers had one
+    worker_pidfd = os.pidfd_open(me.pid)
+    if os.fork() == 0:
+        status = 0
+        try:
+            os.close(pipe_w)  # the caller's EOF must come when the worker ends, not its keeper
+            lock.keep_alive(lease, worker_pidfd, me.identity)
+        except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(worker_pidfd)
+
+
+def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned):
     """In the worker: never returns."""
     status = 0
     try:
@@ -76,6 +105,8 @@ def _work_in_worker(work, state_dir, name, pipe_w):
             os.dup2(devnull, fd)
         me = proctable.read_process(os.getpid())
         write_atomic(_worker_file(state_dir, name), f"{me.pid} {me.starttime}\n")
+        if lease:
+            _start_keeper(lease, me, pipe_w)
         try:
             os.write(pipe_w, f"{me.pid}\n".encode())
         except OSError:
@@ -86,19 +117,24 @@ def _work_in_worker(work, state_dir, name, pipe_w):
             result = {"failed": True, "msg": f"the detached {name} failed: {err!r}"}
         write_atomic(_result_file(state_dir, name), json.dumps({"worker": me.pid, "result": result}))
         os.unlink(_worker_file(state_dir, name))
+        if on_orphaned is not None and not proctable.alive(caller):
+            on_orphaned(result)
     except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
         status = 1
     finally:
         os._exit(status)
 
 
-def run(work, state_dir, name):
+def run(work, state_dir, name, lease=None, on_orphaned=None):
     """work() -> result dict, run detached. Returns (result, adopted): adopted is True when a
-    worker started by an earlier call was still running and this call waited for it."""
+    worker started by an earlier call was still running and this call waited for it. lease:
+    the job's lock (path, holder, ttl), kept alive while the worker runs; on_orphaned(result):
+    run in the worker when its caller is gone once the work ended."""
     secure_dir(state_dir)
+    caller = proctable.read_process(os.getpid()).identity
     earlier = running_worker(state_dir, name)
     if earlier is not None:
-        _wait_gone(earlier)
+        _wait_gone(earlier)  # its own keeper and orphan rule cover its work
         return _read_result(state_dir, name, earlier.pid), True
     pipe_r, pipe_w = os.pipe()
     child = os.fork()
@@ -107,7 +143,7 @@ def run(work, state_dir, name):
             os.close(pipe_r)
             os.setsid()
             if os.fork() == 0:
-                _work_in_worker(work, state_dir, name, pipe_w)
+                _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned)
         finally:
             os._exit(0)
     os.close(pipe_w)

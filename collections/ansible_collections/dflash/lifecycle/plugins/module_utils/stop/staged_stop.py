@@ -130,10 +130,11 @@ def run(options, proc_root="/proc", check_mode=False):
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
 
 
-def run_in_module(options, check_mode=False):
+def run_in_module(options, check_mode=False, lease=None):
     """The stop of a module call (staged_stop's, or the launch's stop_first): detached inside the
-    CT when options.detach says so, so that a dropped connection does not stop it. Returns the
-    result; a stop that did not end as asked has failed: True in it."""
+    CT when options.detach says so, so that a dropped connection does not stop it, its lease
+    (the job's lock: path, holder, ttl) kept alive while it runs. Returns the result; a stop that
+    did not end as asked has failed: True in it."""
     def stop():
         try:
             return run(options, check_mode=check_mode)
@@ -145,7 +146,7 @@ def run_in_module(options, check_mode=False):
     # the detached process is no descendant of ours: keep our ancestors out of reach
     options.exclude_pids.update(proctable.ancestors(proctable.snapshot(), os.getpid()))
     try:
-        result, adopted = detached.run(stop, options.detach_dir, "stop")
+        result, adopted = detached.run(stop, options.detach_dir, "stop", lease=lease)
     except (rundir.UnsafePath, OSError) as err:
         return {"failed": True, "msg": f"detach_dir: {err}"}
     result["adopted"] = adopted

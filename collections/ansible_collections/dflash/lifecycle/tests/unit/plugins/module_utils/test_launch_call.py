@@ -32,10 +32,23 @@ def test_bad_launch_options_are_refused_naming_the_option(options, named):
 
 
 def test_the_preflights_call_launches_only_when_nothing_is_to_be_done_before_the_launch():
-    assert launch_call.deferred(False, RELEASE, INSTALLED) is None
-    assert launch_call.deferred(False, None, dict(INSTALLED, release_status=None)) is None  # no release to compare
-    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, release_status={"present": False})) == (
+    assert launch_call.deferred(False, RELEASE, INSTALLED, OPTIONS) is None
+    assert launch_call.deferred(False, None, dict(INSTALLED, release_status=None), OPTIONS) is None  # no release to compare
+    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, release_status={"present": False}), OPTIONS) == (
         "release 3f2a9c0d1e2b4a5f is to be pushed first")
-    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, model_stage_needed=True)) == (
+    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, model_stage_needed=True), OPTIONS) == (
         "a model is to be staged between the stop and the launch")
-    assert launch_call.deferred(True, RELEASE, INSTALLED).startswith("check mode")
+    # a launch that stages the model after its stop itself needs nothing done before it
+    stages = dict(OPTIONS, stage_models={"models": {"/dev/shm/m": "/workspace/m"}})
+    assert launch_call.deferred(False, RELEASE, dict(INSTALLED, model_stage_needed=True), stages) is None
+    assert launch_call.deferred(True, RELEASE, INSTALLED, OPTIONS).startswith("check mode")
+
+
+def test_the_transactions_outcome_says_what_it_did_then_what_runs():
+    assert launch_call.outcome_words({"msg": "trainer PID 7 healthy"}, "trainer PID 7 runs") == "trainer PID 7 healthy"
+    rolled = {"failed": True, "msg": "no progress line within 300s",
+              "rollback": {"msg": "rolled back: trainer PID 9 healthy"}}
+    assert launch_call.outcome_words(rolled, "trainer PID 9 runs") == (
+        "no progress line within 300s; rolled back: trainer PID 9 healthy; trainer PID 9 runs")
+    down = {"failed": True, "msg": "the stop failed, nothing was started: survivors"}
+    assert launch_call.outcome_words(down, "NO TRAINER IS RUNNING").endswith("; NO TRAINER IS RUNNING")

@@ -1,0 +1,83 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CT's own record of the last change a job made to its run (Python 3.8 compatible).
+
+From the stop's first signal on, the CT's detached worker owns a redeploy (module_utils/
+launch_call.py): whatever happens to the controller, the worker finishes it - the new run
+healthy, or the release of before back from its checkpoint. The controller may then never hear
+how it ended, so the worker keeps it here, on the CT's disk (``/var/lib/dflash``: it outlives
+``/run``, which a CT restart wipes): who started the change and when, the phase it reached, how it
+ended, and whether its controller was still there to read the result. ``make status`` and the
+next redeploy's preflight read it and say, for a change that ended without its controller,
+"the redeploy started at T by X finished without its controller: ...".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
+
+DEFAULT_PATH = "/var/lib/dflash/last-change.json"
+
+
+def _stamp(epoch):
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def read(path):
+    """The record, or None when there is none (or it cannot be read)."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path, record):
+    secure_dir(os.path.dirname(path))
+    write_atomic(path, json.dumps(record))
+
+
+def begin(path, holder, what, worker):
+    """A change begins: holder (the job's lock holder), what (a few words), worker (pid)."""
+    record = {"holder": holder, "what": what, "started_at": time.time(), "phase": "start", "worker": worker,
+              "finished_at": None, "failed": None, "outcome": None, "controller": "attached", "reported": False}
+    _write(path, record)
+    return record
+
+
+def update(path, **fields):
+    """Record fields (phase=..., and the like) of the change under way."""
+    record = read(path) or {}
+    record.update(fields)
+    _write(path, record)
+
+
+def end(path, failed, outcome):
+    update(path, finished_at=time.time(), failed=bool(failed), outcome=" ".join(str(outcome).split()))
+
+
+def unattended(record, worker_running=False):
+    """Whether record is of a change its controller did not see end: the worker found its caller
+    gone, or the worker itself died before it ended (nothing runs it, no outcome)."""
+    if not record:
+        return False
+    if record.get("controller") == "gone":
+        return True
+    return record.get("finished_at") is None and not worker_running
+
+
+def words(record, worker_running=False):
+    """The record in one line."""
+    started = f"the {record.get('what') or 'change'} started at {_stamp(record.get('started_at') or 0)} " \
+              f"by {record.get('holder') or 'an unnamed job'}"
+    if record.get("finished_at") is None:
+        if worker_running:
+            return f"{started} is under way in the CT (phase: {record.get('phase')}, worker PID {record.get('worker')})"
+        return (f"{started} ended without a result in phase {record.get('phase')}: its worker (PID "
+                f"{record.get('worker')}) is gone; what runs now is what `make status` shows")
+    how = "failed" if record.get("failed") else "finished"
+    without = " without its controller" if record.get("controller") == "gone" else ""
+    return f"{started} {how}{without} at {_stamp(record['finished_at'])}: {record.get('outcome')}"
