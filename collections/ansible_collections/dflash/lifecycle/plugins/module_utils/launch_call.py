@@ -153,6 +153,10 @@ def run(params, check_mode, warn, lease=None):
     for note in (result.get("stop") or {}).get("notes", []):
         warn(note)
     if result.pop("failed", False):
+        # what runs now, read from the CT: a worker that died (killed in its staging) left no result
+        # that says whether it had stopped the run
+        from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+        result["trainer_running"] = trainer_finding.running(params["pidfile"], params["pattern"]) is not None
         raise LaunchFailed(result.pop("msg"), **result)
     return result
 
@@ -310,8 +314,7 @@ def _rollback(params, failed, before, exclude):
     try:
         done["relaunch"] = _launch(again, False, {})
     except LaunchFailed as err:
-        return dict(done, failed=True, msg=f"the relaunch of the release of before failed: {err.msg}",
-                    relaunch=dict(err.details, failed=True, msg=err.msg))
+        return dict(done, failed=True, msg=err.msg, relaunch=dict(err.details, failed=True, msg=err.msg))
     done["msg"] = f"rolled back: {done['relaunch']['msg']}"
     return done
 
@@ -321,7 +324,7 @@ def outcome_words(result, running_words):
     words = result.get("msg") or "no message"
     rollback = result.get("rollback")
     if rollback is not None:
-        words += f"; {rollback.get('msg')}"
+        words += f"; rollback failed: {rollback.get('msg')}" if rollback.get("failed") else f"; {rollback.get('msg')}"
     return f"{words}; {running_words}" if result.get("failed") else words
 
 

@@ -35,12 +35,12 @@ description:
     round trip between the old run's end and the new one's start. C(redeploy.yml) does this for a
     CT that runs alone.
   - Outside check mode, everything from O(stop_first)'s first signal to the new run's health runs
-    as one transaction in a detached worker in the CT (own session, stdio on /dev/null): a
+    as one transaction in a detached worker in the CT (own session, stdio on /dev/null) - a
     controller that is killed, cancelled or loses its connection at any moment leaves the worker
     to finish. While it works, a keeper process renews the job's lock (the C(lock_*) options) every
     third of O(lock_ttl). It records the change, its phases and its outcome in O(change_record);
     when nobody can read its result any more (the module process on the controller's connection is
-    gone, or its standard output has no reader), it marks the record C(controller: gone) and gives
+    gone, or its standard output has no reader), it marks the record's C(controller) V(gone) and gives
     the lock back.
   - With O(stage_models), after the stop and before the start, it stages each model that is
     missing from shared memory or differs from its persistent copy, exactly as

@@ -120,7 +120,7 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "command_line": " ".join(shlex.quote(a) for a in (running and (launch or {}).get("argv")) or argv or []),
         "command_line_from": "process" if running and (launch or {}).get("argv") else "settings",
         "errors": errors,
-        "trainer_running": _trainer_running(running, preflight, stop),
+        "trainer_running": _trainer_running(running, preflight, stop, launch),
         "running_before_job": (preflight or {}).get("trainer_running") if isinstance(preflight, dict) else None,
         "relaunched_after_stop": bool(relaunched_after_stop) and running,
         # when this job stopped the run (the stop's first signal, the node's wall clock)
@@ -140,10 +140,12 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
     return data
 
 
-def _trainer_running(launched, preflight, stop):
+def _trainer_running(launched, preflight, stop, launch=None):
     """Whether a trainer runs in the CT after the job: True, False, or None when unknown."""
     if launched:
         return True
+    if _failed(launch) and "trainer_running" in launch:  # read in the CT when the launch's call failed
+        return launch["trainer_running"]
     if isinstance(stop, dict) and not stop.get("skipped") and not (
             _failed(stop) and stop.get("signalled_at") is None and not stop.get("stopped_by")):
         return bool(stop.get("changed")) and not stop.get("stopped", False)
