@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
 
 DEFAULT_PATH = "/var/lib/dflash/last-change.json"
 
@@ -36,7 +36,13 @@ def read(path):
 
 
 def _write(path, record):
-    secure_dir(os.path.dirname(path))
+    """Raises OSError only (an unsafe directory included): the record never fails the work."""
+    directory = os.path.dirname(path)
+    os.makedirs(os.path.dirname(directory), exist_ok=True)  # a bare CT may have no /var/lib
+    try:
+        secure_dir(directory)
+    except UnsafePath as err:
+        raise OSError(str(err)) from None
     write_atomic(path, json.dumps(record))
 
 
