@@ -106,6 +106,19 @@ def test_a_controller_killed_in_the_stop_leaves_the_worker_to_finish_the_redeplo
     assert record(running)["controller"] == "attached"
 
 
+def test_a_controller_killed_in_the_new_runs_health_wait_leaves_it_running(running):
+    """SIGTERM once the new trainer has started and the worker waits for its health."""
+    before = in_ct(running, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+    since = time.time()
+    killed_at(running, "test -s /run/dflash/launch.worker -a "
+                       f"\"$(cut -d' ' -f1 /run/dflash/trainer.pid)\" != {before}", signal.SIGTERM)
+    wait_finished(running, since)
+    done = record(running)
+    assert done["controller"] == "gone" and done["failed"] is False, done
+    now = in_ct(running, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
+    assert trainer_pids(running) == [now] and done["outcome"].startswith(f"trainer PID {now} healthy"), done
+
+
 def test_a_controller_killed_before_the_first_signal_leaves_the_run_alone_and_the_lock_for_one_lease(running, tmp_path):
     """SIGKILL between the preflight (which took the lock) and the stop: nothing was touched, and
     the lock ends with its lease (5 s here): the next redeploy is refused, saying when, then runs."""
@@ -126,6 +139,20 @@ def test_a_controller_killed_before_the_first_signal_leaves_the_run_alone_and_th
     else:  # the machine was slow: the lease had ended already, and the job ran
         assert refused.returncode == 0, refused.stdout[-3000:]
     assert len(trainer_pids(running)) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_controller_cancelled_before_the_first_signal_gives_the_lock_back_at_once(running, tmp_path, signum):
+    """A cancel (AWX: SIGINT, then SIGTERM) between the preflight and the stop: the job's callback
+    gives the lock back before ansible-playbook exits, and says that nothing was touched."""
+    src = trainer_source(tmp_path / "next", lambda text: text + f"\n# cancelled by {signum.name}\n")
+    before = trainer_pids(running)
+    output = killed_at(running, "test -s /run/dflash/redeploy.lock -a ! -e /run/dflash/launch.worker", signum,
+                       "-e", f"trainer_code_src={src}")
+    assert trainer_pids(running) == before  # untouched
+    assert in_ct(running, "test -e /run/dflash/redeploy.lock", check=False).returncode == 1, output[-3000:]
+    assert f"ct300: {signum.name} before the first signal: nothing was touched, the lock is given back" in output
+    assert "failed=0" in running.playbook(REDEPLOY, "-l", HOST).stdout  # at once
 
 
 def test_a_failed_launch_is_rolled_back_by_the_worker_without_its_controller(running, tmp_path):

@@ -276,3 +276,42 @@ def test_9_make_stop_of_ranks_that_take_the_request_stops_every_rank_at_one_step
     assert stopped, res.out
     assert all(gang.run(host) == (None, []) for host in CTS)
     assert f"stop request at step {step}: checkpoint saved, exiting" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_finish_it(gang, tmp_path):
+    """The whole `make restart` process group killed (SIGKILL, ours: the group we started) while the
+    gang's stop waits for rank 0's slow interrupt save: each CT's worker finishes its stop, the
+    CTs judge the gang's checkpoint together through the shared directory, and each launches its
+    member of the new release; the ranks meet at the rendezvous with no controller at all."""
+    slow = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "6",
+                           "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    start = gang.make("start", slow)  # test 9 left the gang stopped: the run that saves slowly
+    assert start.returncode == 0, start.stdout[-6000:]
+    old = {host: gang.run(host)[0] for host in CTS}
+    release = trainer_source(tmp_path / "next", lambda t: t + "\n# after a dead controller\n")
+    job = subprocess.Popen(["make", "restart", f"HOST={GANG}", f"INVENTORY={gang.inventory}",
+                            "EXTRA=" + " ".join(f"-e {shlex.quote(json.dumps(v))}" for v in (slow, {"trainer_code_src": str(release)}))],
+                           cwd=REPO, env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        gang.live.wait_in_ct("gn1", 400, "test -s /run/dflash/launch.worker -a -s /run/dflash/stop.progress.json",
+                             120, "ct400's stop under way in its worker")
+        os.killpg(job.pid, 9)
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+            job.wait()
+    for host, (node, vmid) in CTS.items():
+        gang.live.wait_in_ct(node, vmid, "! test -e /run/dflash/launch.worker", 300, f"{host}'s worker to end")
+    releases = set()
+    for host in CTS:
+        record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
+        assert record["controller"] == "gone" and record["failed"] is False, (host, record)
+        agent, workers = gang.run(host)
+        assert agent and agent != old[host] and len(workers) == 2, (host, record)
+        assert gang.sh(host, "test -e /run/dflash/redeploy.lock || echo free").strip() == "free"
+        releases.add(gang.current(host))
+    assert len(releases) == 1 and "after a dead controller" in gang.sh(
+        "ct400", "cat /opt/dflash/current/train_dflash_pipeline.py")
+    assert "resumed from /workspace/checkpoints/step_" in gang.sh("ct400", "cat /workspace/logs/train.log")

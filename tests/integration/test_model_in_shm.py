@@ -216,6 +216,40 @@ def test_4_a_cut_copy_never_stands_at_the_target_and_the_rerun_converges(testbed
     assert trainer_pid(testbed)
 
 
+def test_6_a_controller_killed_during_the_copy_leaves_the_worker_to_stage_and_launch(testbed, restarted):
+    """The copy after the stop runs in the CT's worker that owns the redeploy: the controller's
+    whole process group killed while it copies (ours, by the group we started) changes nothing -
+    the model is staged whole, the run launched on it, and the CT says that its controller did
+    not see the end."""
+    write_shard(testbed, SHARDS[1], SHARD_BYTES, 11)
+    seal(testbed)
+    pid = trainer_pid(testbed)
+    init = ct_init_pid(testbed)
+    staging = f"/proc/{init}/root/dev/shm/models/.target.staging"
+    job = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", CT, "-e",
+                            json.dumps({**SETTINGS, "trainer_model_stage_workers": 1})], cwd=REPO, env=tool_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.isdir(staging) and os.listdir(staging)):
+            assert time.monotonic() < deadline and job.poll() is None, "the copy was never seen"
+            time.sleep(0.005)
+        os.killpg(job.pid, 9)
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+            job.wait()
+    testbed.wait_in_ct(NODE, VMID, "! test -e /run/dflash/launch.worker", 120, "the worker's end")
+    record = json.loads(sh(testbed, "cat /var/lib/dflash/last-change.json").stdout)
+    assert record["controller"] == "gone" and record["failed"] is False, record
+    assert sums(testbed, TARGET) == sums(testbed, SOURCE)
+    assert trainer_pid(testbed) not in ("", pid) and f"PID {trainer_pid(testbed)} healthy" in record["outcome"]
+    status = " ".join(testbed.playbook(STATUS, "-l", CT, "-e", json.dumps(SETTINGS)).stdout.split())
+    assert "finished without its controller" in status and f"model {TARGET} matches" in status, status[-3000:]
+
+
 def copying_in_ct(pid, init):
     """Whether pid, a process of the CT whose init is init, holds a file of the copy open."""
     try:

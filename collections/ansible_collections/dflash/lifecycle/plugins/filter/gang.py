@@ -94,8 +94,9 @@ def gang_report(host, hostvars, groups, holder="", check_mode=False):
     except AnsibleFilterError as err:
         return [f"not redeployed as a gang: {err}"]
     summaries = {m: _var(hostvars, m, "redeploy_ct_summary") or {} for m in plan["members"]}
-    stops = {m: _var(hostvars, m, "rescue_first_stop") or _var(hostvars, m, "trainer_stop_result")
-             for m in plan["members"]}
+    # the stop of the launch's own call (a redeploy), else of the stop's task
+    stops = {m: _var(hostvars, m, "rescue_first_stop") or (_var(hostvars, m, "trainer_launch_result") or {}).get("stop")
+             or _var(hostvars, m, "trainer_stop_result") for m in plan["members"]}
     return gangs.report(plan, summaries, stops, bool(check_mode), _var(hostvars, host, "rescue_first_margin")
                         or _var(hostvars, host, "trainer_stop_signal_margin"))
 

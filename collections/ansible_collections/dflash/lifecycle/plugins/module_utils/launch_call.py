@@ -80,6 +80,18 @@ ARGUMENT_SPEC = {
         "progress_file": {"type": "path"},
     }},
     "rollback_on_failure": {"type": "bool", "default": False},
+    "rollback_launch": {"type": "dict", "options": {
+        "wrapper_script": {"type": "str", "required": True},
+        "gang_health_dir": {"type": "path"},
+    }},
+    "gang_stop": {"type": "dict", "options": {
+        "name": {"type": "str", "required": True},
+        "dir": {"type": "path", "required": True},
+        "me": {"type": "str", "required": True},
+        "members": {"type": "list", "elements": "str", "required": True},
+        "wait": {"type": "float", "default": 960},
+        "on_missing_checkpoint": {"type": "str", "default": "fail"},
+    }},
     "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
     "activate": {"type": "dict", "options": {
         "base": {"type": "path", "required": True},
@@ -231,24 +243,90 @@ def _running_words(params):
 
 
 def _steps(params, exclude, phase):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import gang_agreement
+
     done = {}
+    gang = params["gang_stop"]
     if params["stop_first"]:
         phase("stop")
         # every later result carries the stop's: what the report and a rescue read
-        done["stop"] = _stop_first(params, exclude)
-    if params["stage_models"]:
-        phase("stage model")
-        done["staged"] = _stage(params, done)
+        try:
+            done["stop"] = _stop_first(params, exclude)
+        except LaunchFailed as err:
+            if gang:  # the other members stop waiting for this one at once
+                gang_agreement.tell_stopped(gang, err.details.get("stop") or {"failed": True, "msg": err.msg})
+            raise
+    if gang:
+        phase("gang agreement")
+        agreed = gang_agreement.agree(gang, done.get("stop"), lambda: _newest_complete(params))
+        done["gang_stop"] = {key: agreed[key] for key in ("checkpoint", "problems", "after")}
+        if agreed["problems"]:
+            phase("relaunch")
+            raise LaunchFailed(f"gang {gang['name']} after its stop: {'; '.join(agreed['problems'])}",
+                               rollback=_relaunch_after_stop(params, agreed["relaunch"]), **done)
     before = _links(params)
-    phase("launch")
     try:
-        return _launch(params, False, done)
+        if params["stage_models"]:
+            phase("stage model")
+            done["staged"] = _stage(params, done)
+        phase("launch")
+        result = _launch(params, False, done)
+        if params["gang_health"]:
+            _gang_launched(params, result)
+        return result
     except LaunchFailed as err:
         if not params["rollback_on_failure"]:
             raise
         phase("rollback")
         err.details["rollback"] = _rollback(params, err, before, exclude)
         raise
+
+
+def _newest_complete(params):
+    """The newest complete checkpoint in the run's directory, as this CT sees it now."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+
+    done = checkpoints.Directory(params["checkpoint_dir"], params["checkpoint_format"],
+                                 params["checkpoint_custom"]).complete()
+    return os.path.join(params["checkpoint_dir"], done[-1][0]) if done else None
+
+
+def _gang_launched(params, result):
+    """A CT of a gang whose own launch was healthy waits until every other CT's launch said how it
+    went: one that failed fails this one too, its healthy run included, so that the gang rolls back
+    whole (raises LaunchFailed); one that says nothing within the health wait leaves it as it is."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
+
+    failed = launch.gang_outcome(params["gang_health"], params["health_timeout"] + params["throughput_timeout"])
+    if failed:
+        raise LaunchFailed(f"{failed[0]} of the gang failed its launch ({failed[1]}): this CT's run, healthy, "
+                           "goes back with the gang", **dict(result, running=True, peer=failed[0]))
+
+
+def _relaunch_after_stop(params, relaunch):
+    """After a gang's stop phase failed: the release of before (the push activated nothing) again
+    from the checkpoint every CT sees, when every CT's run is gone; else nothing, said."""
+    if not relaunch["relaunch"]:
+        return {"after_stop": True, "failed": True, "msg": f"not relaunched: {relaunch['why']}"}
+    try:
+        again = _relaunch(params)
+    except LaunchFailed as err:
+        return {"after_stop": True, "failed": True, "msg": err.msg, "relaunch": dict(err.details, failed=True, msg=err.msg)}
+    return {"after_stop": True, "relaunch": again,
+            "msg": f"the release of before runs again from {relaunch['checkpoint']}: {again['msg']}"}
+
+
+def _relaunch(params):
+    """The launch of the release current points to (the one of before), resuming from the newest
+    checkpoint; a gang's in a rendezvous of its own (rollback_launch)."""
+    again = dict(params, stop_first=None, stage_models=None, activate=None, rollback_on_failure=False,
+                 gang_stop=None, resume_auto=not params["resumes"])
+    other = params["rollback_launch"]
+    if other:
+        again["wrapper_script"] = other["wrapper_script"]
+        if params["gang_health"] and other["gang_health_dir"]:
+            again["gang_health"] = dict(params["gang_health"], dir=other["gang_health_dir"])
+    return _launch(again, False, {})
 
 
 def _links(params):
@@ -309,10 +387,8 @@ def _rollback(params, failed, before, exclude):
         except (releases.ReleaseError, OSError) as err:
             return dict(done, failed=True, msg=f"restoring current and previous failed: {err}")
         done["restored"] = dict(before, changed=changed)
-    again = dict(params, stop_first=None, stage_models=None, activate=None, rollback_on_failure=False,
-                 resume_auto=not params["resumes"])
     try:
-        done["relaunch"] = _launch(again, False, {})
+        done["relaunch"] = _relaunch(params)
     except LaunchFailed as err:
         return dict(done, failed=True, msg=err.msg, relaunch=dict(err.details, failed=True, msg=err.msg))
     done["msg"] = f"rolled back: {done['relaunch']['msg']}"

@@ -173,6 +173,55 @@ options:
         (the description above); C(redeploy.yml) sets it for a CT that runs alone.
     type: bool
     default: false
+  rollback_launch:
+    description:
+      - What the relaunch of O(rollback_on_failure) changes - a gang's CTs meet in a rendezvous of
+        their own there, so its wrapper (the next launch attempt's) and the files of its health.
+    type: dict
+    suboptions:
+      wrapper_script:
+        description: The wrapper the relaunch writes in place of O(wrapper_script).
+        type: str
+        required: true
+      gang_health_dir:
+        description: The relaunch's O(gang_health) directory.
+        type: path
+  gang_stop:
+    description:
+      - A CT of a gang - after O(stop_first), the gang's CTs judge their stop together, through
+        small files in this directory of the checkpoint directory they share
+        (C(module_utils/gang_agreement.py)), before any launches - every member stopped, and
+        the gang's checkpoint complete as every member sees it once all have stopped. A stop phase
+        that fails starts nothing new - with every CT's run gone and one complete checkpoint every CT
+        sees, the release of before is relaunched from it (O(rollback_launch)); otherwise the gang is
+        down, and RV(rollback) says why.
+    type: dict
+    suboptions:
+      name:
+        description: The gang's name, for the messages.
+        type: str
+        required: true
+      dir:
+        description: The directory of this job's agreement, in the shared checkpoint directory.
+        type: path
+        required: true
+      me:
+        description: This CT's name among O(gang_stop.members).
+        type: str
+        required: true
+      members:
+        description: Every CT of the gang.
+        type: list
+        elements: str
+        required: true
+      wait:
+        description: How long a member waits for another's word, seconds (the longest stop and a margin).
+        type: float
+        default: 960
+      on_missing_checkpoint:
+        description: V(fail) - no new sound checkpoint where a signal could save fails the stop phase; V(proceed) accepts the loss.
+        type: str
+        default: fail
   change_record:
     description:
       - The CT's record of this change (holder, start, phase, outcome, whether the controller saw

@@ -22,6 +22,8 @@ import hashlib
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict
+from ansible_collections.dflash.lifecycle.plugins.module_utils.gang_agreement import (  # noqa: F401  (relaunchable: the filter's)
+    _ok, _why, checkpoint_problems, gang_checkpoint, relaunchable)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 
@@ -192,16 +194,6 @@ def launcher_options(gang, options, attempt=1):
     return chosen
 
 
-def _ok(result):
-    return isinstance(result, dict) and not result.get("failed") and not result.get("unreachable")
-
-
-def _why(host, result, what):
-    if result is None:
-        return f"{host} did not {what} (unreachable, or it failed before)"
-    return f"{host}: {' '.join(str(result.get('msg') or 'failed').split())}"
-
-
 def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint="fail", after=None):
     """What stops the gang after a phase, one line each: a member whose result of the phase is
     missing or failed, and what the gang must agree on after it. results: {member: its
@@ -231,7 +223,7 @@ def phase_problems(gang, results, phase, check_mode=False, on_missing_checkpoint
     elif phase == "preflight":
         found += _listing_problems(gang, results)
     elif phase == "stop" and not check_mode:
-        found += _checkpoint_problems(gang, results, on_missing_checkpoint, after)
+        found += checkpoint_problems(results, on_missing_checkpoint, after)
     return found
 
 
@@ -278,64 +270,6 @@ def _listing_words(first, reference, host, listing):
 def _entry(entry):
     size, complete = entry
     return f"{size} bytes, {'complete' if complete else 'incomplete'}"
-
-
-def _checkpoint_problems(gang, results, on_missing_checkpoint, after=None):
-    """The gang's checkpoint: the newest that a member's stop saw written; every member must see
-    it complete once every member has stopped (after: what each read then; a CT whose ranks left
-    before rank 0's save was complete ended its own stop too early to tell). None written where
-    a signal could save: the loss, unless on_missing_checkpoint is proceed."""
-    newest = gang_checkpoint(results)
-    if newest is None:
-        stopped = [h for h, r in results.items() if r.get("changed")]
-        possible = [h for h, r in results.items() if r.get("graceful_possible")]
-        if stopped and possible and on_missing_checkpoint == "fail":
-            return [f"no CT of the gang saw a new sound checkpoint after its stop ({'; '.join(_why(h, r, 'stop') for h, r in results.items())}); "
-                    "trainer_stop_on_missing_checkpoint=proceed accepts the loss"]
-        return []
-    found = []
-    for host, result in results.items():
-        read = (after or {}).get(host)
-        seen = ((read if _ok(read) and not read.get("skipped") else result).get("checkpoint") or {}).get("newest")
-        if seen != newest:
-            found.append(f"{host} does not see the gang's new checkpoint {newest} complete (its newest: {seen}): the CTs "
-                         "of a gang resume from one checkpoint directory (a mount point on shared storage)")
-    return found
-
-
-def gang_checkpoint(results):
-    """The gang's one checkpoint: the newest, by step, that a member's stop saw written (a CT whose
-    ranks left at once may have seen an older save of rank 0 complete during its stop). results:
-    {member: its stop result}; None when no stop saw one written."""
-    stops = {h: r for h, r in results.items() if isinstance(r, dict)}  # a CT that never stopped has none
-    written = [r["checkpoint"]["new"] for r in stops.values() if (r.get("checkpoint") or {}).get("written")]
-    return max(written, key=lambda n: _step_of(stops, n)) if written else None
-
-
-def relaunchable(stops, after):
-    """After a gang's stop phase failed: whether every CT's run is gone and a complete checkpoint
-    is there to relaunch the release of before from, as after a failed launch. stops: {member:
-    its stop result}; after: {member: what it read once every CT had stopped}. Returns
-    {relaunch, checkpoint, why}."""
-    running = [h for h, r in stops.items() if not isinstance(r, dict) or not r.get("stopped")]
-    seen = {((r or {}).get("checkpoint") or {}).get("newest") for r in after.values() if _ok(r) and not r.get("skipped")}
-    seen.discard(None)
-    if running:
-        return {"relaunch": False, "checkpoint": None,
-                "why": f"the run may still run on {', '.join(running)} (its stop did not end it)"}
-    if len(seen) != 1:
-        return {"relaunch": False, "checkpoint": None,
-                "why": "no complete checkpoint every CT sees" if not seen else
-                f"the CTs see different newest checkpoints ({', '.join(sorted(seen))})"}
-    return {"relaunch": True, "checkpoint": seen.pop(), "why": "every CT's run is gone"}
-
-
-def _step_of(results, name):
-    for result in results.values():
-        ckpt = result.get("checkpoint") or {}
-        if ckpt.get("new") == name and ckpt.get("new_step") is not None:
-            return ckpt["new_step"]
-    return -1
 
 
 def skew(results):

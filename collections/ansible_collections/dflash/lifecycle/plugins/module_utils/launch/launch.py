@@ -215,6 +215,28 @@ class GangPeers:
         return None
 
 
+def gang_outcome(spec, timeout):
+    """After this CT's own healthy launch: (member, why) of the first other CT of the gang whose
+    launch failed, once every CT said healthy or failed; None when none failed, or when one says
+    nothing within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = {}
+        for member in spec["members"]:
+            try:
+                with open(os.path.join(spec["dir"], member), encoding="utf-8") as handle:
+                    states[member] = handle.readline().strip()
+            except OSError:
+                states[member] = ""
+        failed = [(m, state[len("failed: "):]) for m, state in states.items()
+                  if m != spec["me"] and state.startswith("failed: ")]
+        if failed:
+            return failed[0]
+        if all(state == "healthy" for state in states.values()) or time.monotonic() >= deadline:
+            return None
+        time.sleep(GangPeers.PEER_POLL_SECONDS)
+
+
 def wait_healthy(proc, params):
     reader = reader_of(params)
     report = ProgressFile(params.get("progress_file"))
