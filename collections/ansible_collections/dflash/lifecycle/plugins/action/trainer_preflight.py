@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin of dflash.lifecycle.trainer_preflight: ansible-core's normal action, the module's payload
 kept from one run to the next (plugin_utils/payload_cache.py); with launch, the launch's progress shown
-as trainer_process's action shows it (plugin_utils/progress_watch.py)."""
+as trainer_process's action shows it (plugin_utils/progress_watch.py), and the CT told when this job's
+ansible-playbook died while the module ran (ControllerWatch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ansible.plugins.action import ActionBase
 from ansible.plugins.action.normal import ActionModule as NormalAction
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import launch_watch
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ControllerWatch, launch_watch
 
 
 class ActionModule(CachedPayloadAction, NormalAction):
@@ -18,8 +19,10 @@ class ActionModule(CachedPayloadAction, NormalAction):
         if not isinstance(self._task.args.get("launch"), dict):
             return super().run(tmp, task_vars)
         result = ActionBase.run(self, tmp, task_vars)  # what trainer_process's action runs
+        controller = ControllerWatch()
         args = dict(self._task.args)
         args["launch"], watch = launch_watch(self._connection, args["launch"], task_vars.get("inventory_hostname"))
         result.update(watch.run(lambda: self._execute_module(
             module_name="dflash.lifecycle.trainer_preflight", module_args=args, task_vars=task_vars)))
+        controller.tell_if_gone(self, dict(args, change_record=args["launch"].get("change_record")), task_vars)
         return result

@@ -2,18 +2,21 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin of dflash.lifecycle.trainer_process: runs the module and, while its wait for
 health and for the canary's progress lines passes 10 seconds, shows its progress on the
-controller (plugin_utils/progress_watch.py); with stop_first, the stop's progress before it."""
+controller (plugin_utils/progress_watch.py); with stop_first, the stop's progress before it; and tells
+the CT when this job's ansible-playbook died while the module ran (ControllerWatch)."""
 
 from __future__ import annotations
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import launch_watch
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ControllerWatch, launch_watch
 
 
 class ActionModule(CachedPayloadAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        controller = ControllerWatch()
         args, watch = launch_watch(self._connection, self._task.args, task_vars.get("inventory_hostname"))
         result.update(watch.run(lambda: self._execute_module(
             module_name="dflash.lifecycle.trainer_process", module_args=args, task_vars=task_vars)))
+        controller.tell_if_gone(self, args, task_vars)
         return result

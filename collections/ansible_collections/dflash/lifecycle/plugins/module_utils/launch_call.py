@@ -153,7 +153,7 @@ def run(params, check_mode, warn, lease=None):
     exclude = proctable.ancestors(proctable.snapshot(), os.getpid())
 
     def without_controller(result):
-        _finished_without_controller(params["change_record"], lease)
+        change_record.without_controller(params["change_record"], lease)
 
     try:
         result, _adopted = detached.run(lambda: _transaction(params, exclude, lease), _state_dir(params), "launch",
@@ -184,22 +184,6 @@ def _controller_attached():
     poller = select.poll()
     poller.register(1, 0)  # POLLERR and POLLHUP are always reported
     return not any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
-
-
-def _finished_without_controller(record, lease):
-    """Nobody will read the worker's result: the CT's record says so (the next `make status` and
-    redeploy report it), and the job's lock is given back at once, as the job would have."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
-
-    try:
-        change_record.update(record, controller="gone")
-    except OSError:
-        pass  # the outcome stays in the record as the worker wrote it
-    if lease:
-        try:
-            lock.release(lease[0], lease[1])
-        except OSError:
-            pass  # the lease ends on its own within its ttl
 
 
 def _transaction(params, exclude, lease):

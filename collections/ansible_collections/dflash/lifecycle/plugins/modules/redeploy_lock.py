@@ -30,6 +30,18 @@ options:
     description: Lease in seconds; each acquire by the same holder renews it.
     type: float
     default: 60
+  controller_gone:
+    description:
+      - With O(state=released), the job that holds the lock is gone (its controller died while its call
+        ran in the CT) - the CT's record of the change it made (O(change_record)) says so, for
+        C(make status) and the next redeploy. The launch's action plugin sends it when its
+        C(ansible-playbook) died while the module ran.
+    type: bool
+    default: false
+  change_record:
+    description: The CT's record of the last change to the run.
+    type: path
+    default: /var/lib/dflash/last-change.json
   state:
     description: Take or drop the lock.
     type: str
@@ -75,7 +87,7 @@ taken_over_from:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, rundir
 
 
 def main():
@@ -85,11 +97,17 @@ def main():
             "holder": {"type": "str", "required": True},
             "ttl": {"type": "float", "default": 60},
             "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
+            "controller_gone": {"type": "bool", "default": False},
+            "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
         },
         supports_check_mode=False,
     )
     params = module.params
     try:
+        if params["state"] == "released" and params["controller_gone"]:
+            held = (lock.read(params["path"]) or {}).get("holder") == params["holder"]
+            change_record.without_controller(params["change_record"], (params["path"], params["holder"], 0))
+            module.exit_json(changed=held)
         if params["state"] == "released":
             module.exit_json(changed=lock.release(params["path"], params["holder"]))
         taken = lock.take(params["path"], params["holder"], params["ttl"])

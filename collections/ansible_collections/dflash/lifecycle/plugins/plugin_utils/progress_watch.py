@@ -132,3 +132,27 @@ class ProgressWatch:
         except Exception:  # noqa: BLE001  (showing progress must never fail the task)
             return None
         return out.decode("utf-8", "replace").strip() if code == 0 else None
+
+
+class ControllerWatch:
+    """Whether this job's ansible-playbook outlived a module call. A fork that runs a task lives in
+    a session of its own, so a SIGKILL of the job's process group ends ansible-playbook and leaves
+    the fork, its ssh client and the module in the CT running: the module's answer then reaches a
+    fork whose parent is gone, and nobody reports it. The CT's worker cannot see that from its side;
+    this fork can (its parent changed), and tells the CT (module_utils/ct/change_record.py)."""
+
+    def __init__(self):
+        self.parent = os.getppid()
+
+    def tell_if_gone(self, action, args, task_vars):
+        """After the module returned: when ansible-playbook is gone, mark the CT's record of the
+        change and give the job's lock back (args: the module's, with its lock_* options)."""
+        if os.getppid() == self.parent or not args.get("lock_holder"):
+            return
+        try:
+            action._execute_module(module_name="dflash.lifecycle.redeploy_lock", task_vars=task_vars, module_args={
+                "holder": args["lock_holder"], "path": args.get("lock_path") or "/run/dflash/redeploy.lock",
+                "state": "released", "controller_gone": True,
+                "change_record": args.get("change_record") or "/var/lib/dflash/last-change.json"})
+        except Exception:  # noqa: BLE001  (nobody is there to tell: the lease ends on its own)
+            pass

@@ -87,3 +87,22 @@ def words(record, worker_running=False):
     how = "failed" if record.get("failed") else "finished"
     without = " without its controller" if record.get("controller") == "gone" else ""
     return f"{started} {how}{without} at {_stamp(record['finished_at'])}: {record.get('outcome')}"
+
+
+def without_controller(path, lease):
+    """Nobody will read the worker's result: the record says so (the next `make status` and
+    redeploy report it), and the job's lock, lease (path, holder, ttl) or None, is given back at
+    once, as the job would have. Never fails: the lease ends on its own within its ttl."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+
+    try:
+        record = read(path)
+        if record is not None and (lease is None or record.get("holder") in (None, lease[1])):
+            update(path, controller="gone")
+    except OSError:
+        pass  # the outcome stays in the record as the worker wrote it
+    if lease:
+        try:
+            lock.release(lease[0], lease[1])
+        except OSError:
+            pass

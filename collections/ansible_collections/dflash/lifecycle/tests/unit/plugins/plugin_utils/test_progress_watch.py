@@ -79,3 +79,31 @@ def test_a_launchs_progress_files_are_set_for_it_and_for_its_stop_first():
     assert [path for path, _render in watch.files] == ["/run/dflash/launch.progress.json", "/run/dflash/stop.progress.json"]
     args, watch = progress_watch.launch_watch(None, {"pidfile": "/var/run/t/trainer.pid"}, "ct200")
     assert args["progress_file"] == "/var/run/t/launch.progress.json" and len(watch.files) == 1
+    # with stage_models, the model copy's progress too, beside the launch's
+    args, watch = progress_watch.launch_watch(None, {"run_dir": "/run/dflash", "pidfile": "/run/dflash/trainer.pid",
+                                                     "stage_models": {"models": {}}}, "ct200")
+    assert args["stage_models"]["progress_file"] == "/run/dflash/stage.progress.json"
+    assert [render for _path, render in watch.files] == [progress_watch.launch_words, progress_watch.stage_words]
+
+
+def test_the_ct_is_told_only_when_ansible_playbook_died_while_the_module_ran(monkeypatch):
+    """The fork that ran the task outlives a SIGKILL of the job's process group (a session of its
+    own): its parent then changes, and only then does it mark the CT's record and give the lock back."""
+    calls = []
+
+    class Action:
+        def _execute_module(self, **kwargs):
+            calls.append(kwargs)
+
+    args = {"lock_holder": "root@vm ansible-playbook pid 7", "lock_path": "/run/dflash/redeploy.lock",
+            "change_record": "/var/lib/dflash/last-change.json"}
+    parent = [100]
+    monkeypatch.setattr(progress_watch.os, "getppid", lambda: parent[0])
+    watch = progress_watch.ControllerWatch()
+    watch.tell_if_gone(Action(), args, {})
+    assert calls == []  # ansible-playbook is there: it reports the result itself
+    parent[0] = 1  # reparented: ansible-playbook is gone
+    watch.tell_if_gone(Action(), args, {})
+    assert calls == [{"module_name": "dflash.lifecycle.redeploy_lock", "task_vars": {}, "module_args": {
+        "holder": "root@vm ansible-playbook pid 7", "path": "/run/dflash/redeploy.lock", "state": "released",
+        "controller_gone": True, "change_record": "/var/lib/dflash/last-change.json"}}]
