@@ -243,17 +243,7 @@ def wait_healthy(proc, params):
     started = time.monotonic()
     peers = GangPeers(params["gang_health"]) if params.get("gang_health") else None
     try:
-        if params.get("gang"):
-            ranks = _wait_all_ranks(proc, params, report, peers)
-            if 0 not in [r["rank"] for r in ranks["ranks_env"]]:
-                facts = _stay_alive(proc, params, ranks, report, started, peers)
-                facts.update(launcher=ranks, throughput=None, logs_progress=False)
-                return facts
-        facts = _wait_first_progress(proc, params, reader, report, peers)
-        if params.get("gang"):
-            facts["logs_progress"] = True
-        facts["launcher"] = _ranks_running(proc, params)
-        facts["throughput"] = _wait_throughput(proc, params, reader, report, peers)
+        facts = _healthy(proc, params, reader, report, started, peers)
     except LaunchError as err:
         if peers is not None and not err.details.get("peer"):
             peers.tell("failed: " + str(err).splitlines()[0])
@@ -262,6 +252,23 @@ def wait_healthy(proc, params):
         report.close()
     if peers is not None:
         peers.tell("healthy")
+    return facts
+
+
+def _healthy(proc, params, reader, report, started, peers):
+    """The facts of a healthy run: a CT of a gang whose ranks do not log is healthy by its ranks
+    alone; any other by its progress lines and, once healthy, the throughput they show."""
+    if params.get("gang"):
+        ranks = _wait_all_ranks(proc, params, report, peers)
+        if 0 not in [r["rank"] for r in ranks["ranks_env"]]:
+            facts = _stay_alive(proc, params, ranks, report, started, peers)
+            facts.update(launcher=ranks, throughput=None, logs_progress=False)
+            return facts
+    facts = _wait_first_progress(proc, params, reader, report, peers)
+    if params.get("gang"):
+        facts["logs_progress"] = True
+    facts["launcher"] = _ranks_running(proc, params)
+    facts["throughput"] = _wait_throughput(proc, params, reader, report, peers)
     return facts
 
 
