@@ -283,8 +283,9 @@ def _gang_launched(params, result):
 
     failed = launch.gang_outcome(params["gang_health"], params["health_timeout"] + params["throughput_timeout"])
     if failed:
+        facts = {key: value for key, value in result.items() if key not in ("msg", "changed")}
         raise LaunchFailed(f"{failed[0]} of the gang failed its launch ({failed[1]}): this CT's run, healthy, "
-                           "goes back with the gang", **dict(result, running=True, peer=failed[0]))
+                           "goes back with the gang", **dict(facts, running=True, peer=failed[0]))
 
 
 def _relaunch_after_stop(params, relaunch):
