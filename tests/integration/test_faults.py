@@ -61,7 +61,9 @@ def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lam
         # watched from inside the CT, one call: a poll per round trip could miss a short stop
         seen = sh(f"timeout 150 sh -c 'until test -s /run/dflash/{worker}.worker; do sleep 0.02; done'", check=False,
                   timeout=180)
-        assert seen.returncode == 0 and playbook.poll() is None, "the stop's worker was never seen running"
+        if seen.returncode != 0 or playbook.poll() is not None:
+            playbook.kill()
+            raise AssertionError(f"the {worker}'s worker was never seen running: {playbook.communicate()[0][-4000:]}")
         killed = masters_to(address, testbed.control_path_prefix())
         assert killed, "no ControlMaster to the node: nothing to drop"
         for pid in killed:  # started by the playbook above: ours, ended by PID

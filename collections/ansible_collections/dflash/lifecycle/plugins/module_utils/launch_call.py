@@ -284,8 +284,26 @@ def _gang_launched(params, result):
     failed = launch.gang_outcome(params["gang_health"], params["health_timeout"] + params["throughput_timeout"])
     if failed:
         facts = {key: value for key, value in result.items() if key not in ("msg", "changed")}
-        raise LaunchFailed(f"{failed[0]} of the gang failed its launch ({failed[1]}): this CT's run, healthy, "
-                           "goes back with the gang", **dict(facts, running=True, peer=failed[0]))
+        raise LaunchFailed(_own_run_words(params, result) or (
+            f"{failed[0]} of the gang failed its launch ({failed[1]}): this CT's run, healthy, goes back with the "
+            "gang"), **dict(facts, running=True, peer=failed[0]))
+
+
+def _own_run_words(params, result):
+    """This CT's run, healthy a moment ago, when it has ended or printed a traceback since (a rank
+    that raised after the start: the other CT's collectives then fail too), as the barrier after a
+    launch says it; None while it runs clean."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress
+
+    proc = proctable.read_process(result["pid"])
+    ended = proc is None or proc.gone
+    lines = progress.read_lines(params["log_file"])
+    found = progress.traceback_in(lines)
+    if not ended and not found:
+        return None
+    last = (found or lines[-progress.TAIL_LINES:] or [""])[-1].strip()
+    how = "ended" if ended else "printed a traceback (its agent tearing down)"
+    return f"its run (PID {result['pid']}) {how} after its launch was healthy" + (f": {last}" if last else "")
 
 
 def _relaunch_after_stop(params, relaunch):
