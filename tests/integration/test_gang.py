@@ -159,8 +159,9 @@ def test_3_a_launch_that_fails_on_one_ct_rolls_both_back_and_names_it(gang, tmp_
                        '        raise RuntimeError("this release fails on node rank 1")\n'))
     res = gang.make("restart", {"trainer_code_src": failing})
     assert res.returncode != 0
-    # ct401 is named with its error, whichever of its launch or the read right after it saw it end
-    assert re.search(r"ct401: (its run \(PID|the trainer \(PID|rank processes)", res.out), res.out
+    # ct401 is named with its error, whichever of its launch, its worker's look once another CT
+    # failed, or the read right after the launch saw it end
+    assert re.search(r"ct401: (launch failed: )?(its run \(PID|the trainer \(PID|rank processes)", res.out), res.out
     assert "RuntimeError: this release fails on node rank 1" in res.out, res.out
     checkpoint = re.search(rf"checkpoint {CKPT}/(step_\d+) \(0 steps lost\)", res.out).group(1)
     for host in CTS:
