@@ -356,10 +356,12 @@ class GpuCheck:
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, universal_newlines=True)
         self.started[bystander.pid] = bystander
         wait_for(lambda: "holding" in bystander.stdout.readline(), 300, "the bystander's memory")
-        trainer = wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit()
+        matches = wait_for(lambda: [int(p) for p in os.listdir("/proc") if p.isdigit()
                                     and re.search(TRAINER_PATTERN, cmdline_of(int(p)))
                                     and "multiprocessing" not in cmdline_of(int(p))], 30, "the trainer")
-        trainer = min(trainer)
+        # the topmost match: its forked children share its command line, and PIDs wrap, so the
+        # lowest matching PID may be a child's
+        trainer = min(p for p in matches if (stat_of(p) or (None,))[0] not in matches)
         wrapper = stat_of(trainer)[0]
         helper = [int(p) for p in os.listdir("/proc") if p.isdigit() and "--hold-mib" in cmdline_of(int(p))]
         run = process_tree(wrapper)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import gang_agreement
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang as gangs
 
 # the result each phase registers
@@ -103,10 +104,10 @@ def gang_report(host, hostvars, groups, holder="", check_mode=False):
 
 def gang_relaunchable(host, hostvars, groups):
     """Whether the gang whose stop phase failed can run again from its checkpoint
-    (plugin_utils/gang.py relaunchable): {relaunch, checkpoint, why}."""
+    (module_utils/gang_agreement.py relaunchable): {relaunch, checkpoint, why}."""
     plan = gang_plan(host, hostvars, groups)
     members = plan["members"]
-    return gangs.relaunchable({m: _var(hostvars, m, "trainer_stop_result") for m in members},
+    return gang_agreement.relaunchable({m: _var(hostvars, m, "trainer_stop_result") for m in members},
                               {m: _var(hostvars, m, AFTER_PHASE["stop"]) for m in members})
 
 

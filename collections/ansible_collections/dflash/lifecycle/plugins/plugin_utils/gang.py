@@ -22,8 +22,8 @@ import hashlib
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict
-from ansible_collections.dflash.lifecycle.plugins.module_utils.gang_agreement import (  # noqa: F401  (relaunchable: the filter's)
-    _ok, _why, checkpoint_problems, gang_checkpoint, relaunchable)
+from ansible_collections.dflash.lifecycle.plugins.module_utils.gang_agreement import (
+    _ok, _why, checkpoint_problems, gang_checkpoint)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary as throughput_canary
 

@@ -39,7 +39,7 @@ def test_only_the_cts_no_stop_began_on_are_released_then_ansible_cores_handler_r
     callback.v2_runner_on_ok(_result("ct300", "dflash.lifecycle.redeploy_lock",
                                      {"invocation": {"module_args": {"state": "released"}}}))  # given back already
     signal_handlers = {}
-    monkeypatch.setattr(signal, "signal", lambda signum, handler: signal_handlers.setdefault(signum, handler))
+    monkeypatch.setattr(signal, "signal", signal_handlers.setdefault)  # the handlers it puts back
     callback._on_signal(signal.SIGTERM, None)
     assert released == [("ct200", LOCK["holder"], "/run/dflash/redeploy.lock")]
     assert handled == [signal.SIGTERM]

@@ -6,6 +6,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.lifecycle.plugins.filter import gang as gang_filters
+from ansible_collections.dflash.lifecycle.plugins.module_utils import gang_agreement
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang
 
 GROUPS = {"big": ["a", "b"], "dflash_gangs": ["a", "b"], "dflash_trainers": ["a", "b", "solo"]}
@@ -285,12 +286,12 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
 def test_a_gang_whose_stop_failed_is_relaunched_or_said_down_with_the_command_that_starts_it():
     stopped = {"a": dict(stop("/c/step_20", step=20), stopped=True), "b": dict(stop(newest="/c/step_10"), stopped=True)}
     seen = {"a": {"checkpoint": {"newest": "/c/step_20"}}, "b": {"checkpoint": {"newest": "/c/step_20"}}}
-    assert gang.relaunchable(stopped, seen) == {"relaunch": True, "checkpoint": "/c/step_20",
+    assert gang_agreement.relaunchable(stopped, seen) == {"relaunch": True, "checkpoint": "/c/step_20",
                                                 "why": "every CT's run is gone"}
     still = dict(stopped, b={"failed": True, "stopped": False, "msg": "1 process(es) survived"})
-    assert gang.relaunchable(still, seen)["why"] == "the run may still run on b (its stop did not end it)"
-    assert gang.relaunchable(stopped, dict(seen, b={"checkpoint": {"newest": "/c/step_10"}}))["relaunch"] is False
-    assert gang.relaunchable(stopped, {"a": None, "b": None})["why"] == "no complete checkpoint every CT sees"
+    assert gang_agreement.relaunchable(still, seen)["why"] == "the run may still run on b (its stop did not end it)"
+    assert gang_agreement.relaunchable(stopped, dict(seen, b={"checkpoint": {"newest": "/c/step_10"}}))["relaunch"] is False
+    assert gang_agreement.relaunchable(stopped, {"a": None, "b": None})["why"] == "no complete checkpoint every CT sees"
     plan = plan_of(a=values(0, "10.0.0.1"), b=values(1, "10.0.0.2"))
     down = {h: {"release": "r2", "pid": None, "errors": ["gang big after its stop: ..."], "stopped_at": at}
             for h, at in (("a", 1796170000.0), ("b", 1796170000.002))}
