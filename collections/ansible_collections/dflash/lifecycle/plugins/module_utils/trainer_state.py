@@ -91,13 +91,8 @@ def read(params, proc_root="/proc"):
 
 
 def last_change(path, run_dir):
-    """The CT's record of the last change to the run (module_utils/ct/change_record.py) with its
+    """The CT's record of the last change to the run (module_utils/ct/change_record.py), with its
     words, or None; whether its worker still runs is read from the run directory."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
-    record = change_record.read(path) if path else None
-    if record is None:
-        return None
-    working = detached.running_worker(run_dir, "launch") is not None
-    return dict(record, unattended=change_record.unattended(record, working),
-                words=change_record.words(record, working))
+    return change_record.last(path, lambda: detached.running_worker(run_dir, "launch") is not None)

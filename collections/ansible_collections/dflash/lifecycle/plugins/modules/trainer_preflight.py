@@ -379,7 +379,7 @@ release_status:
 import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight, trainer_state
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, model_stage, proctable, progress, releases
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
@@ -451,10 +451,15 @@ def main():
 def _unattended_change(module):
     """The last change to the run in words when no controller saw it end and no job reported it
     yet; this job reports it (marked, outside check mode)."""
+    record = change_record.read(module.params["change_record"])
+    if not record or record.get("reported") or (record.get("finished_at") and record.get("controller") != "gone"):
+        return None  # the common case, read without importing what the rest needs
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import trainer_state
+
     trainer = module.params["trainer"] or {}
-    run_dir = os.path.dirname(trainer.get("pidfile") or "/run/dflash/trainer.pid")
-    last = trainer_state.last_change(module.params["change_record"], run_dir)
-    if not last or not last["unattended"] or last.get("reported"):
+    last = trainer_state.last_change(module.params["change_record"],
+                                     os.path.dirname(trainer.get("pidfile") or "/run/dflash/trainer.pid"))
+    if not last["unattended"]:
         return None
     if not module.check_mode:
         try:

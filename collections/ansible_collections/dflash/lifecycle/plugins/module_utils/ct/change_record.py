@@ -89,6 +89,16 @@ def words(record, worker_running=False):
     return f"{started} {how}{without} at {_stamp(record['finished_at'])}: {record.get('outcome')}"
 
 
+def last(path, worker_running):
+    """The record at path with ``unattended`` and ``words``, or None; worker_running() says whether
+    the worker of a change not ended still runs (asked only then)."""
+    record = read(path) if path else None
+    if record is None:
+        return None
+    working = record.get("finished_at") is None and worker_running()
+    return dict(record, unattended=unattended(record, working), words=words(record, working))
+
+
 def without_controller(path, lease):
     """Nobody will read the worker's result: the record says so (the next `make status` and
     redeploy report it), and the job's lock, lease (path, holder, ttl) or None, is given back at
