@@ -108,7 +108,7 @@ def gang_relaunchable(host, hostvars, groups):
     plan = gang_plan(host, hostvars, groups)
     members = plan["members"]
     return gang_agreement.relaunchable({m: _var(hostvars, m, "trainer_stop_result") for m in members},
-                              {m: _var(hostvars, m, AFTER_PHASE["stop"]) for m in members})
+                                       {m: _var(hostvars, m, AFTER_PHASE["stop"]) for m in members})
 
 
 def gang_stop_report(host, hostvars, groups):

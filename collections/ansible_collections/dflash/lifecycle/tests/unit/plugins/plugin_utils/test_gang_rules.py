@@ -287,7 +287,7 @@ def test_a_gang_whose_stop_failed_is_relaunched_or_said_down_with_the_command_th
     stopped = {"a": dict(stop("/c/step_20", step=20), stopped=True), "b": dict(stop(newest="/c/step_10"), stopped=True)}
     seen = {"a": {"checkpoint": {"newest": "/c/step_20"}}, "b": {"checkpoint": {"newest": "/c/step_20"}}}
     assert gang_agreement.relaunchable(stopped, seen) == {"relaunch": True, "checkpoint": "/c/step_20",
-                                                "why": "every CT's run is gone"}
+                                                          "why": "every CT's run is gone"}
     still = dict(stopped, b={"failed": True, "stopped": False, "msg": "1 process(es) survived"})
     assert gang_agreement.relaunchable(still, seen)["why"] == "the run may still run on b (its stop did not end it)"
     assert gang_agreement.relaunchable(stopped, dict(seen, b={"checkpoint": {"newest": "/c/step_10"}}))["relaunch"] is False
