@@ -52,27 +52,18 @@ SLOW = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "4", "DFLASH_TEST_
 
 
 def killed_at(testbed, moment, signum, *args):
-    """Run redeploy.yml -l ct300 (args added) in a process group of its own and send signum to the
-    whole group (ansible-playbook and what shares its group: ours, by the group we started) once
-    moment holds: a shell condition in the CT, or ("output", text) - a line of the job's own
-    output that holds text. Returns the playbook's output."""
+    """Run redeploy.yml -l ct300 (args added) in a process group of its own and, once the shell
+    condition moment holds in the CT, send signum to the whole group (ansible-playbook and what
+    shares its group: ours, by the group we started). Returns the playbook's output."""
     playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", HOST, *args], cwd=REPO,
                                 env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    seen_lines = []
     try:
-        if isinstance(moment, tuple):
-            for line in playbook.stdout:
-                seen_lines.append(line)
-                if moment[1] in line:
-                    break
-            assert moment[1] in "".join(seen_lines), f"never saw {moment[1]!r}: {''.join(seen_lines)[-3000:]}"
-        else:
-            seen = testbed.ssh(NODE, f"pct exec {VMID} -- timeout 120 sh -c "
-                                     f"{shlex.quote(f'until {moment}; do sleep 0.02; done')}", timeout=180)
-            assert seen.returncode == 0 and playbook.poll() is None, f"never saw {moment!r} while the job ran"
+        seen = testbed.ssh(NODE, f"pct exec {VMID} -- timeout 120 sh -c "
+                                 f"{shlex.quote(f'until {moment}; do sleep 0.02; done')}", timeout=180)
+        assert seen.returncode == 0 and playbook.poll() is None, f"never saw {moment!r} while the job ran"
         os.killpg(playbook.pid, signum)
-        output = "".join(seen_lines) + playbook.communicate(timeout=120)[0]
+        output = playbook.communicate(timeout=120)[0]
     finally:
         if playbook.poll() is None:
             os.killpg(playbook.pid, signal.SIGKILL)
@@ -80,7 +71,9 @@ def killed_at(testbed, moment, signum, *args):
     return output
 
 
-PUSHING = ("output", "TASK [trainer_code : Push the archive")  # the preflight has returned, nothing is stopped
+# the release being installed: the preflight has returned and the launch's call, which stops, has
+# not begun (it renews the lock with its own phase)
+INSTALLING = "grep -q '\"phase\": \"release install\"' /run/dflash/redeploy.lock"
 
 
 def told_gone(testbed):
@@ -145,8 +138,8 @@ def test_a_controller_killed_before_the_first_signal_leaves_the_run_alone_and_th
     src = trainer_source(tmp_path / "next", lambda text: text + "\n# never launched\n")
     before = trainer_pids(running)
     lease = ["-e", "redeploy_lock_ttl=15"]
-    killed_at(running, PUSHING, signal.SIGKILL, "-e", f"trainer_code_src={src}", *lease)
-    time.sleep(2)  # the push's fork outlives ansible-playbook (a session of its own) and may renew the lease
+    killed_at(running, INSTALLING, signal.SIGKILL, "-e", f"trainer_code_src={src}", *lease)
+    time.sleep(2)  # the install's fork outlives ansible-playbook (a session of its own) and ends its call
     held = json.loads(in_ct(running, "cat /run/dflash/redeploy.lock").stdout)
     assert trainer_pids(running) == before  # untouched
     refused = running.playbook(REDEPLOY, "-l", HOST, *lease, check=False)
@@ -166,7 +159,7 @@ def test_a_controller_cancelled_before_the_first_signal_gives_the_lock_back_at_o
     gives the lock back before ansible-playbook exits, and says that nothing was touched."""
     src = trainer_source(tmp_path / "next", lambda text: text + f"\n# cancelled by {signum.name}\n")
     before = trainer_pids(running)
-    output = killed_at(running, PUSHING, signum, "-e", f"trainer_code_src={src}")
+    output = killed_at(running, INSTALLING, signum, "-e", f"trainer_code_src={src}")
     assert trainer_pids(running) == before  # untouched
     assert in_ct(running, "test -e /run/dflash/redeploy.lock", check=False).returncode == 1, output[-3000:]
     assert f"ct300: {signum.name} before the first signal: nothing was touched, the lock is given back" in output

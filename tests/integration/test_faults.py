@@ -55,8 +55,10 @@ def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lam
     CT (the worker file names it: a stop's, or a redeploy's launch whose stop comes first), kill the
     controller's ControlMasters to the node at address; after_drop runs right then. Returns the
     playbook's exit status and output."""
+    # stdin: ansible-core refuses a non-blocking one, which a test runner's may be
     playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), *playbook_args], cwd=REPO,
-                                env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL)
     try:
         # watched from inside the CT, one call: a poll per round trip could miss a short stop
         seen = sh(f"timeout 150 sh -c 'until test -s /run/dflash/{worker}.worker; do sleep 0.02; done'", check=False,
