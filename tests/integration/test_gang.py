@@ -163,7 +163,9 @@ def test_3_a_launch_that_fails_on_one_ct_rolls_both_back_and_names_it(gang, tmp_
     # failed, or the read right after the launch saw it end
     assert re.search(r"ct401: (launch failed: )?(its run \(PID|the trainer \(PID|rank processes)", res.out), res.out
     assert "RuntimeError: this release fails on node rank 1" in res.out, res.out
-    saved = re.search(rf"checkpoint {CKPT}/(step_\d+) \(0 steps lost\)", res.out)
+    # the checkpoint the stop wrote; its loss is 0, or a range where a CT's signal went late on a
+    # loaded machine (the margin is measured with the stop's own module, the launch's call is heavier)
+    saved = re.search(rf"checkpoint {CKPT}/(step_\d+) \(0( to \d+)? steps lost\)", res.out)
     assert saved, res.out
     checkpoint = saved.group(1)
     for host in CTS:
