@@ -156,6 +156,8 @@ def tool_env():
 
 
 def run_tool(args, check=True, **kwargs):
+    # stdin: ansible-core refuses a non-blocking one, which the test runner's may be
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
     res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True,
                          check=False, **kwargs)
     if check and res.returncode != 0:
