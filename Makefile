@@ -29,7 +29,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
 .PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test test-unit lint ping bench \
-        restart check stop start push rollback status logs throughput host-required
+        restart check stop start push rollback pve-hooks status logs throughput host-required
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -181,6 +181,9 @@ push: host-required venv ## push the code of HOST as a new release (not activate
 
 rollback: host-required venv ## switch HOST back to its previous release and relaunch it
 	@$(call guarded,$(PLAYBOOK) playbooks/rollback.yml)
+
+pve-hooks: host-required venv ## the Proxmox hookscript on every node and on HOST's CTs: checkpoint before any CT stop, run back after its start
+	@$(call guarded,$(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS):proxmox_nodes' $(EXTRA) playbooks/pve_hooks.yml)
 
 status: venv ## per CT: running, PID, uptime, release, drift, tok/s, checkpoint, lock
 	@$(call guarded,$(PLAYBOOK) playbooks/status.yml)

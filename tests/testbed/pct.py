@@ -3,7 +3,8 @@
 
 Faithful to proxmox/pve-container ``src/PVE/CLI/pct.pm`` (and the pve-common /
 pve-guest-common code it calls) for the sub-commands this project uses: exec,
-push, pull, status, list, start, stop, shutdown, config, set (memory), migrate.  Where the real tool
+push, pull, status, list, start, stop, shutdown, reboot, config, set (memory, hookscript),
+migrate.  Where the real tool
 has a surprising behaviour the project must cope with, this one has it too:
 
 * ``exec`` replaces itself with ``lxc-attach -n <vmid> --keep-env -- CMD``
@@ -17,12 +18,23 @@ has a surprising behaviour the project must cope with, this one has it too:
 * pve-common's ``PVE::CLIHandler::run_cli_handler`` sets ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``
   before any command runs, and ``exec`` keeps the environment (``--keep-env``): a command in
   the CT sees no ``/usr/local/bin``.
+* A CT's ``hookscript`` (a ``<storage>:snippets/<file>`` volume) runs on the node as
+  ``<script> <vmid> <phase>`` (pve-guest-common ``PVE::GuestHelpers::exec_hookscript``, which
+  checks it with ``check_hookscript`` first): ``pre-start`` before the start, its failure
+  aborting it, and ``post-start`` after it (pve-container ``PVE::LXC::vm_start``); ``pre-stop``
+  before ``lxc-stop``, for ``stop``, ``shutdown``, ``reboot`` and a restart migration alike, with
+  the CT's config lock held and no timeout, its failure only warned (``PVE::LXC::vm_stop``);
+  ``post-stop`` once the CT stopped (``src/lxc-pve-poststop-hook``). The script's output goes to
+  the task's output. The testbed's nodes share one file system, so a ``dir`` storage's ``path``
+  in each node's ``etc/pve/storage.cfg`` is under that node's own directory; on a cluster it is
+  the same path on every node, each node's own directory.
 
 The node this copy belongs to is the directory above ``bin/`` (the testbed
 installs one copy per node); each node sees only its own CTs.  Every call is
 appended to ``pct-invocations.log`` in that directory, for the benchmarks.
 """
 
+import contextlib
 import ctypes
 import fcntl
 import grp
@@ -41,6 +53,7 @@ PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 CLONE_NEWNS = 0x00020000
 DIE_EXIT = 255  # perl's die() and CLIHandler's exit(-1)
 CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # pve-common CLIHandler.pm run_cli_handler
+HELD_LOCKS = set()  # (node dir, vmid) of the config locks this process holds
 
 USAGE = {
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
@@ -52,6 +65,7 @@ USAGE = {
     "shutdown": "pct shutdown <vmid> [OPTIONS]",
     "config": "pct config <vmid> [OPTIONS]",
     "set": "pct set <vmid> [OPTIONS]",
+    "reboot": "pct reboot <vmid> [OPTIONS]",
     "list": "pct list",
     "migrate": "pct migrate <vmid> <target> [OPTIONS]",
 }
@@ -145,16 +159,92 @@ class Node:
             raise PctError(f"unable to get PID for CT {vmid} (not running?)\n")
         return int(out)
 
+    @contextlib.contextmanager
     def lock_config(self, vmid):
-        # PVE::AbstractConfig::lock_config: flock on a per-CT lock file
+        # PVE::AbstractConfig::lock_config: flock on a per-CT lock file, re-entrant within one
+        # process as PVE::Tools::lock_file_full is (vm_reboot's lock around vm_stop and vm_start)
+        key = (self.dir, str(vmid))
+        if key in HELD_LOCKS:
+            yield
+            return
         lock_dir = os.path.join(self.dir, "lock")
         os.makedirs(lock_dir, exist_ok=True)
-        handle = open(os.path.join(lock_dir, f"pve-config-{vmid}.lock"), "a")  # noqa: SIM115
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        return handle
+        with open(os.path.join(lock_dir, f"pve-config-{vmid}.lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            HELD_LOCKS.add(key)
+            try:
+                yield
+            finally:
+                HELD_LOCKS.discard(key)
+
+    # -- storage (PVE::Storage) -------------------------------------------------
+    def storage_config(self):
+        """{storage id: its options} of the node's storage.cfg (PVE::SectionConfig: '<type>: <id>'
+        then indented '<key> <value>' lines)."""
+        ids, current = {}, None
+        try:
+            with open(os.path.join(self.dir, "etc/pve/storage.cfg"), encoding="utf-8") as handle:
+                lines = handle.read().splitlines()
+        except FileNotFoundError:
+            return ids
+        for line in lines:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if not line[0].isspace() and ":" in line:
+                kind, name = line.split(":", 1)
+                current = ids[name.strip()] = {"type": kind.strip(), "storage": name.strip()}
+            elif current is not None:
+                key, _, value = line.strip().partition(" ")
+                current[key] = value.strip() if value else "1"
+        return ids
+
+    def snippet_path(self, volid):
+        """PVE::Storage::path of a '<storage>:snippets/<file>' volume on a storage with a path (the
+        dir plugin's: <path>/snippets/<file>), with its type, as check_hookscript reads them."""
+        match = re.match(r"^([a-z][a-z0-9\-_.]*[a-z0-9]):(.+)$", volid, re.IGNORECASE)
+        if not match:
+            raise PctError(f"unable to parse volume ID '{volid}'\n")
+        storage, volname = match.groups()
+        scfg = self.storage_config().get(storage)
+        if scfg is None:
+            raise PctError(f"storage '{storage}' does not exist\n")
+        if not volname.startswith("snippets/") or "path" not in scfg:
+            return None, None
+        return os.path.join(scfg["path"], volname), "snippets"
+
+    def check_hookscript(self, volid):
+        # pve-guest-common PVE::GuestHelpers::check_hookscript
+        path, kind = self.snippet_path(volid)
+        if kind != "snippets":
+            raise PctError(f"'{volid}' is not in the snippets directory\n")
+        if not os.path.isfile(path):
+            raise PctError(f"script '{volid}' does not exist\n")
+        if not os.access(path, os.X_OK):
+            raise PctError(f"script '{volid}' is not executable\n")
+        return path
+
+    def exec_hookscript(self, conf, vmid, phase, stop_on_error=False):
+        """PVE::GuestHelpers::exec_hookscript: run_command([$hookscript, $vmid, $phase]), its
+        output in the task's; an error dies where stop_on_error (pre-start), else it is warned.
+        The node's own bin/ (where this testbed's pct is) leads the CLI's PATH, as /usr/sbin holds
+        pct on a node."""
+        if not conf.get("hookscript"):
+            return
+        try:
+            path = self.check_hookscript(conf["hookscript"])
+            env = dict(os.environ, PATH=os.path.join(self.dir, "bin") + ":" + CLI_PATH)
+            sys.stdout.flush()
+            res = subprocess.run([path, str(vmid), phase], env=env, check=False)
+            if res.returncode != 0:
+                raise PctError(f"command '{path} {vmid} {phase}' failed: exit code {res.returncode}\n")
+        except PctError as err:
+            message = f"hookscript error for {vmid} on {phase}: {err}"
+            if stop_on_error:
+                raise PctError(message) from None
+            sys.stderr.write(f"WARN: {message}")
 
     def start(self, vmid):
-        # PVE::API2::LXC::Status vm_start
+        # PVE::API2::LXC::Status vm_start -> PVE::LXC::vm_start
         conf = self.load_config(vmid)
         if self.check_running(vmid):
             raise PctError(f"CT {vmid} already running\n")
@@ -162,11 +252,13 @@ class Node:
             # PVE::LXC::update_lxc_config writes the CT's memory limit into its LXC config before
             # every start (the memory cgroup charges its /dev/shm tmpfs too)
             key, limit = memory_limit(conf)
+            self.exec_hookscript(conf, vmid, "pre-start", stop_on_error=True)
             res = self.lxc("lxc-start", vmid, "-s", f"lxc.{key}={limit}")
             if res.returncode != 0 or not self.check_running(vmid):
                 sys.stderr.write(res.stderr)
                 raise PctError(f"startup for container '{vmid}' failed\n")
             self.plug_nics(vmid)
+            self.exec_hookscript(conf, vmid, "post-start")
 
     def plug_nics(self, vmid):
         """The CT's netN NICs: a veth pair whose host end, veth<vmid>i<N>, joins the bridge (what
@@ -193,17 +285,21 @@ class Node:
                 if res.returncode != 0:
                     raise PctError(f"unable to plug net{index} of CT {vmid} into {nic['bridge']}: {res.stderr.strip()}\n")
 
-    def stop(self, vmid, kill=True, timeout=None):
-        # vm_stop / vm_shutdown -> PVE::LXC::vm_stop: lxc-stop --kill, or a
-        # clean shutdown with --nokill --timeout (forceStop kills afterwards)
+    def stop(self, vmid, kill=True, timeout=None, kill_after_timeout=False):
+        # vm_stop / vm_shutdown -> PVE::LXC::vm_stop under the config lock: the pre-stop hook, then
+        # lxc-stop --kill, or a clean shutdown with --nokill --timeout (forceStop kills afterwards);
+        # post-stop from the CT's poststop hook once it stopped
         self.load_config(vmid)
         if not self.check_running(vmid):
             raise PctError(f"CT {vmid} not running\n")
-        args = ["--kill"] if kill else ["--timeout", str(timeout)]
+        args = ["--kill"] if kill else [*([] if kill_after_timeout else ["--nokill"]), "--timeout", str(timeout)]
         with self.lock_config(vmid):
+            conf = self.load_config(vmid)
+            self.exec_hookscript(conf, vmid, "pre-stop")
             self.lxc("lxc-stop", vmid, *args)
             if self.check_running(vmid):
                 raise PctError("container did not stop\n")
+            self.exec_hookscript(conf, vmid, "post-stop")
 
 
 def memory_limit(conf):
@@ -419,24 +515,34 @@ def cmd_config(node, argv):
 
 
 def cmd_set(node, argv):
-    """PVE::API2::LXC::Config update_vm, for 'memory' only: the config is written under the CT's
-    lock, and a running CT gets the new limit at once (PVE::LXC::Config vmconfig_hotplug_pending:
-    PVE::LXC::Cgroup change_memory_limit), which fails when the CT already uses more."""
-    args, _ = parse("set", argv, ["vmid"], {"memory"})
+    """PVE::API2::LXC::Config update_vm, for 'memory', 'hookscript' and '--delete hookscript': the
+    config is written under the CT's lock; a hookscript is checked first (PVE::LXC::Config
+    update_pct_config: check_hookscript); a running CT gets a new memory limit at once
+    (vmconfig_hotplug_pending: PVE::LXC::Cgroup change_memory_limit), which fails when the CT
+    already uses more."""
+    args, _ = parse("set", argv, ["vmid"], {"memory", "hookscript", "delete"})
     vmid = args["vmid"]
-    if "memory" not in args:
+    if not {"memory", "hookscript", "delete"} & set(args):
         raise PctError("no options specified\n")
-    if not re.match(r"^[1-9][0-9]*$", args["memory"]) or int(args["memory"]) < 16:
+    if "memory" in args and (not re.match(r"^[1-9][0-9]*$", args["memory"]) or int(args["memory"]) < 16):
         raise ParamError("set", {"memory": "value must have a minimum value of 16"})
+    deleted = [key for key in re.split(r"[,;\s]+", args.get("delete", "")) if key]
+    if set(deleted) - {"hookscript"}:
+        raise ParamError("set", {"delete": "the testbed's pct deletes only hookscript"})
     node.load_config(vmid)
+    if "hookscript" in args:
+        node.check_hookscript(args["hookscript"])
     with node.lock_config(vmid):
         path = node.conf_path(vmid)
+        changed = {key: args[key] for key in ("memory", "hookscript") if key in args}
         with open(path, encoding="utf-8") as handle:
-            lines = [line for line in handle.read().splitlines() if not line.startswith("memory:")]
-        lines.insert(1, f"memory: {args['memory']}")
+            lines = [line for line in handle.read().splitlines()
+                     if line.split(":", 1)[0] not in set(changed) | set(deleted)]
+        for key, value in changed.items():
+            lines.insert(1, f"{key}: {value}")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
-        if node.check_running(vmid):
+        if "memory" in args and node.check_running(vmid):
             key, limit = memory_limit(node.load_config(vmid))
             res = node.lxc("lxc-cgroup", vmid, key.split(".", 1)[1], str(limit))
             if res.returncode != 0:
@@ -473,13 +579,24 @@ def cmd_stop(node, argv):
 
 def cmd_shutdown(node, argv):
     args, _ = parse("shutdown", argv, ["vmid"], {"timeout", "forceStop"})
+    # PVE::API2::LXC::Status vm_shutdown: vm_stop($vmid, 0, $timeout, $forceStop)
+    node.stop(args["vmid"], kill=False, timeout=int(args.get("timeout", "60")),
+              kill_after_timeout=perl_bool(args.get("forceStop", "0")))
+    return 0
+
+
+def cmd_reboot(node, argv):
+    """PVE::LXC::vm_reboot under the config lock: nothing when the CT is not running, else
+    vm_stop($vmid, 0, $timeout, 1) (a shutdown that kills once the timeout ran out: pre-stop and
+    post-stop hooks included) and vm_start (pre-start, post-start)."""
+    args, _ = parse("reboot", argv, ["vmid"], {"timeout"})
     vmid = args["vmid"]
-    try:
-        node.stop(vmid, kill=False, timeout=int(args.get("timeout", "60")))
-    except PctError:
-        if not perl_bool(args.get("forceStop", "0")):
-            raise
-        node.stop(vmid, kill=True)
+    node.load_config(vmid)
+    with node.lock_config(vmid):
+        if not node.check_running(vmid):
+            return 0
+        node.stop(vmid, kill=False, timeout=int(args.get("timeout", "60")), kill_after_timeout=True)
+        node.start(vmid)
     return 0
 
 
@@ -524,7 +641,7 @@ def cmd_migrate(node, argv):
 COMMANDS = {
     "exec": cmd_exec, "push": cmd_push, "pull": cmd_pull, "status": cmd_status,
     "config": cmd_config, "set": cmd_set, "list": cmd_list, "start": cmd_start, "stop": cmd_stop,
-    "shutdown": cmd_shutdown, "migrate": cmd_migrate,
+    "shutdown": cmd_shutdown, "reboot": cmd_reboot, "migrate": cmd_migrate,
 }
 
 

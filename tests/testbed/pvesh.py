@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Stand-in for Proxmox VE's ``pvesh`` on a testbed node, for the one call the project makes:
+"""Stand-in for Proxmox VE's ``pvesh`` on a testbed node, for the calls the project makes:
 
     pvesh get /cluster/resources --type vm --output-format json
+    pvesh get /storage/<storage> --output-format json
 
 Faithful to pve-manager ``PVE/API2/Cluster.pm`` ``resources`` (what it lists for a container:
 ``id`` ``lxc/<vmid>``, ``type`` ``lxc``, ``vmid``, ``name``, ``node``, ``status``, ``tags`` as the
@@ -10,6 +11,11 @@ config's semicolon-separated string, ``template``, ``maxmem``, ``maxcpu``, ``upt
 of the cluster, as pmxcfs shows every node's ``/etc/pve/nodes/<node>/lxc`` to each of them: this
 copy reads its sibling nodes' directories of the testbed's state. An unknown path or option fails
 as the real tool does (``No 'get' handler defined for '<path>'``, exit 255).
+
+``/storage/<storage>`` is pve-storage ``PVE/API2/Storage/Config.pm`` ``read``: the storage's
+options from storage.cfg (``content`` and ``nodes`` as comma-separated strings), or
+``storage '<id>' does not exist``. The testbed's nodes share one file system, so each node keeps
+its own copy of the cluster's storage.cfg, its ``dir`` storages' paths under its own directory.
 """
 
 import importlib.machinery
@@ -51,10 +57,26 @@ def resources(nodes_root):
     return found
 
 
+def storage(node_dir, storeid, options):
+    """pvesh get /storage/<storeid>: its options, as JSON with --output-format json."""
+    scfg = pct.Node(node_dir).storage_config().get(storeid)
+    if scfg is None:
+        sys.stderr.write(f"storage '{storeid}' does not exist\n")
+        return DIE_EXIT
+    if options.get("--output-format") == "json":
+        sys.stdout.write(json.dumps(scfg) + "\n")
+    else:
+        for key, value in sorted(scfg.items()):
+            sys.stdout.write(f"{key}: {value}\n")
+    return 0
+
+
 def main(argv):
     os.environ["PATH"] = pct.CLI_PATH
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     options = dict(zip(argv[2::2], argv[3::2]))
+    if len(argv) >= 2 and argv[0] == "get" and argv[1].startswith("/storage/"):
+        return storage(here, argv[1][len("/storage/"):], options)
     if argv[:2] != ["get", "/cluster/resources"]:
         sys.stderr.write(f"No '{argv[0] if argv else ''}' handler defined for '{argv[1] if len(argv) > 1 else ''}'\n")
         return DIE_EXIT

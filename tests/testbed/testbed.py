@@ -237,6 +237,13 @@ class Testbed:
         for sub in ("bin", "lxc", "lock", "root", f"etc/pve/nodes/{name}/lxc"):
             os.makedirs(os.path.join(ndir, sub), mode=0o755, exist_ok=True)
         os.chmod(os.path.join(ndir, "root"), 0o700)
+        # a node's 'local' dir storage, holding snippets as a node's own /var/lib/vz does once
+        # snippets are added to its content (the testbed's nodes share one file system: the
+        # path is under the node's directory)
+        os.makedirs(os.path.join(ndir, "var/lib/vz/snippets"), mode=0o755, exist_ok=True)
+        if not os.path.exists(os.path.join(ndir, "etc/pve/storage.cfg")):
+            write(os.path.join(ndir, "etc/pve/storage.cfg"),
+                  f"dir: local\n\tpath {ndir}/var/lib/vz\n\tcontent iso,vztmpl,backup,snippets\n")
         write(os.path.join(ndir, "root", ".bashrc"), "export HOME=/root\n")
         # One copy of pct (and pvesh) per node: it finds its node from its own location.
         for tool in ("pct", "pvesh"):
@@ -382,8 +389,14 @@ class Testbed:
             "lxc.log.level = WARN",
             "",
         ]))
+        # what `pct set` gave the CT since (its hookscript) stays, as a node keeps a CT's config
+        try:
+            kept = [line for line in node.load_config(vmid).items() if line[0] == "hookscript"]
+        except pct.PctError:
+            kept = []
         write(node.conf_path(vmid), "\n".join([
             "# dflash-testbed",
+            *[f"{key}: {value}" for key, value in kept],
             "arch: amd64",
             "cores: 2",
             f"hostname: {hostname}",

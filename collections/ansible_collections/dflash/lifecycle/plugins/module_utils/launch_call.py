@@ -27,7 +27,7 @@ import select
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress, run_spec
 
 ARGUMENT_SPEC = {
     "command": {"type": "list", "elements": "str", "required": True},
@@ -93,6 +93,12 @@ ARGUMENT_SPEC = {
         "on_missing_checkpoint": {"type": "str", "default": "fail"},
     }},
     "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
+    "lifecycle": {"type": "dict", "options": {
+        "dir": {"type": "path"},
+        "stop": {"type": "dict", "default": {}},
+        "stage_models": {"type": "dict"},
+        "lock_path": {"type": "path"},
+    }},
     "activate": {"type": "dict", "options": {
         "base": {"type": "path", "required": True},
         "release": {"type": "str", "required": True},
@@ -162,7 +168,7 @@ def run(params, check_mode, warn, lease=None):
         raise LaunchFailed(f"run_dir: {err}; nothing was stopped or started") from None
     if not _controller_attached():
         without_controller(result)
-    for note in (result.get("stop") or {}).get("notes", []):
+    for note in (result.get("stop") or {}).get("notes", []) + ([result["lifecycle_error"]] if result.get("lifecycle_error") else []):
         warn(note)
     if result.pop("failed", False):
         # what runs now, read from the CT: a worker that died (killed in its staging) left no result
@@ -470,6 +476,14 @@ def _launch(params, check_mode, done):
     rundir.write_launch_record(params["pidfile"], dict(
         {key: result[key] for key in ("pid", "run_id", "step", "first_progress_s", "healthy_after_s")},
         tokens_per_s=(result["throughput"] or {}).get("tokens_per_s"), release=(wanted or {}).get("release")))
+    lifecycle = params.get("lifecycle") or {}
+    if lifecycle.get("dir"):
+        # what the CT's Proxmox hook needs to stop this run and bring it back (module_utils/ct/pve_hook.py)
+        try:
+            run_spec.record_launch(lifecycle, params, result["pid"])
+        except OSError as err:
+            result["lifecycle_error"] = (f"lifecycle.dir: {err}; the CT's Proxmox hook cannot stop or relaunch "
+                                         "this run")
     return dict(changed=True, msg=f"trainer PID {result['pid']} healthy", **done, **result)
 
 

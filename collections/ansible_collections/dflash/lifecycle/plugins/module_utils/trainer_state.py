@@ -16,7 +16,7 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict, checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import (
-    change_record, lock, proctable, progress, releases, rundir)
+    change_record, lock, proctable, progress, releases, run_spec, rundir)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.proctable import RUN_ID_ENV
@@ -87,6 +87,7 @@ def read(params, proc_root="/proc"):
     held = lock.read(params["lock_path"]) if params.get("lock_path") else None
     state["lock"] = held if held and held.get("expires", 0) > time.time() else None
     state["last_change"] = last_change(params.get("change_record"), os.path.dirname(params["pidfile"]))
+    state["lifecycle"] = run_spec.summary(params["lifecycle_dir"]) if params.get("lifecycle_dir") else None
     return state
 
 

@@ -285,6 +285,12 @@ options:
         wait passes 10 seconds, every 5 seconds, in C(ansible-playbook) and AWX output alike.
       - Must be in a root-only directory (written with O_NOFOLLOW and renamed into place).
     type: path
+  lifecycle_dir:
+    description:
+      - The CT's lifecycle directory (M(dflash.lifecycle.trainer_process)'s O(lifecycle.dir)). A
+        stop that ends as asked records there that the run is wanted stopped, so the CT's Proxmox
+        hook does not relaunch it when the CT starts again. Unset, nothing is recorded.
+    type: path
 extends_documentation_fragment:
   - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease

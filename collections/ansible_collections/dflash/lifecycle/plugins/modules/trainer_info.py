@@ -67,6 +67,11 @@ options:
       it ended, whether its controller saw it end), on the CT's disk.
     type: path
     default: /var/lib/dflash/last-change.json
+  lifecycle_dir:
+    description: >-
+      The CT's lifecycle directory (M(dflash.lifecycle.trainer_process)'s O(lifecycle.dir)): what its
+      Proxmox hook would do with the run is read from there (RV(lifecycle)).
+    type: path
   models:
     description:
       - The paths the trainer loads from shared memory, mapped to their persistent copies, as
@@ -179,6 +184,13 @@ last_change:
   sample: {holder: "root@vm ansible-playbook pid 15973", what: redeploy, phase: launch, controller: gone,
            unattended: true, words: "the redeploy started at 2026-12-05 20:19:40 UTC by root@vm ansible-playbook
            pid 15973 finished without its controller at 2026-12-05 20:19:47 UTC: trainer PID 4242 healthy"}
+lifecycle:
+  description: >-
+    What the CT's Proxmox hook would do with the run (O(lifecycle_dir)) - C(wanted) (V(running) since a
+    launch, V(stopped) since a stop asked for), C(wanted_by), C(wanted_at), C(release), C(paused) (the
+    last Proxmox stop - its checkpoint, steps lost) and C(words); null when the CT keeps no spec.
+  returned: always
+  type: dict
 found:
   description: How the trainer was found, and why a pidfile was rejected.
   returned: always
@@ -216,6 +228,7 @@ def main():
             "release_base": {"type": "path"},
             "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
             "change_record": {"type": "path", "default": "/var/lib/dflash/last-change.json"},
+            "lifecycle_dir": {"type": "path"},
             "models": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,

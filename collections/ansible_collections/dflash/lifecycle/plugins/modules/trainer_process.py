@@ -228,6 +228,29 @@ options:
         the end), on the CT's disk so that it outlives C(/run).
     type: path
     default: /var/lib/dflash/last-change.json
+  lifecycle:
+    description:
+      - What the CT's Proxmox hook needs to stop this run and bring it back with no controller
+        (the C(pre-stop) and C(post-start) phases of the project's hookscript). After a healthy
+        start the launch keeps, in O(lifecycle.dir) on the CT's disk, the run's spec (these
+        options, the stop's and the models to stage; mode 0600, it holds the run's secrets), the
+        code of this collection that launched it, and the C(hook) command the node's hookscript
+        runs in the CT. Unset, nothing is kept and the hook does nothing in this CT.
+    type: dict
+    suboptions:
+      dir:
+        description: The CT's lifecycle directory, root-only, on its disk (it must outlive C(/run)).
+        type: path
+      stop:
+        description: M(dflash.lifecycle.staged_stop)'s options for the hook's stop before Proxmox stops the CT.
+        type: dict
+        default: {}
+      stage_models:
+        description: The models to stage into shared memory before the hook's relaunch, as O(stage_models).
+        type: dict
+      lock_path:
+        description: The CT's redeploy lock, which the hook holds while it stops or relaunches the run.
+        type: path
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode

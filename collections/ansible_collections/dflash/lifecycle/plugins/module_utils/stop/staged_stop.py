@@ -17,7 +17,7 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import (
     checkpoint_formats, checkpoint_verdict, checkpoints)
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import (
     detached, ladder, next_checkpoint, stop_request, target_set, trainer_finding)
@@ -137,9 +137,17 @@ def run_in_module(options, check_mode=False, lease=None):
     did not end as asked has failed: True in it."""
     def stop():
         try:
-            return run(options, check_mode=check_mode)
+            result = run(options, check_mode=check_mode)
         except StopFailed as err:
-            return dict(err.result, failed=True)
+            result = dict(err.result, failed=True)
+        if options.lifecycle_dir and not check_mode and not result.get("failed"):
+            # a stop asked for: the run stays down across the CT's restarts (module_utils/ct/pve_hook.py)
+            try:
+                run_spec.mark(options.lifecycle_dir, "stopped", f"the stop of {lease[1] if lease else 'a job'}")
+            except OSError as err:
+                result.setdefault("notes", []).append(
+                    f"lifecycle_dir: {err}; the CT's next start may relaunch the run this stop ended")
+        return result
 
     if not (options.detach and not check_mode):
         return stop()

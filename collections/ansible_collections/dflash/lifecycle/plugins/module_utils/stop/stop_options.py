@@ -68,6 +68,7 @@ ARGUMENT_SPEC = {
     "detach": {"type": "bool", "default": False},
     "detach_dir": {"type": "path", "default": "/run/dflash"},
     "progress_file": {"type": "path"},
+    "lifecycle_dir": {"type": "path"},
 }
 
 

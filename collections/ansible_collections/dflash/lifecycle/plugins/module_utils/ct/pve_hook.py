@@ -1,0 +1,283 @@
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CT's side of the project's Proxmox hookscript (Python 3.8 compatible).
+
+pve-container runs a CT's hookscript on the node as ``<script> <vmid> <phase>``
+(PVE::GuestHelpers::exec_hookscript): ``pre-stop`` in PVE::LXC::vm_stop before ``lxc-stop``, for
+a stop, a shutdown, a reboot and a restart migration alike, with no timeout and its errors only
+warned; ``post-start`` in PVE::LXC::vm_start once the CT runs. The node's script
+(roles/pve_hook/files/dflash-lifecycle-hook.sh) runs this, inside the CT, through
+``pct exec <vmid> -- /var/lib/dflash/lifecycle/hook <phase>``, with what the run's last launch kept on
+the CT's disk (module_utils/ct/run_spec.py):
+
+- ``pre-stop``: the staged stop a ``make stop`` runs (the stop request where the trainer honours
+  it, else the signal ladder, every checkpoint rule included), under the CT's redeploy lock, before
+  the CT's init kills the trainer without its checkpoint. The run stays wanted: the CT's next start
+  brings it back. A run stopped on purpose, or none running, costs nothing.
+- ``post-start``: returns at once (Proxmox's start task waits for the hook) and leaves a detached
+  ``resume`` to stage the model into the wiped /dev/shm and relaunch the run's release with its own
+  settings, resuming from its checkpoint - the launch's own transaction
+  (module_utils/launch_call.py). A gang's member relaunches once every member's CT is up again,
+  meeting the others in the checkpoint directory they share; one that does not come back within
+  the bound leaves the gang down, said.
+
+Each phase prints one line for the node's task log and keeps its outcome in the CT's change record
+(``make status``: last_change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
+
+PRE_STOP_HOLDER = "Proxmox pre-stop hook"
+POST_START_HOLDER = "Proxmox post-start hook"
+LEASE_SECONDS = 60
+GANG_POLL_SECONDS = 1.0
+
+
+def say(phase, text):
+    sys.stdout.write(f"dflash {phase}: {text}\n")
+    sys.stdout.flush()
+
+
+def _stamp(epoch):
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def _record(spec):
+    return spec["launch"].get("change_record") or change_record.DEFAULT_PATH
+
+
+def _lock_path(spec):
+    return spec.get("lock_path") or os.path.join(os.path.dirname(spec["launch"]["pidfile"]), "redeploy.lock")
+
+
+def _gang(spec):
+    """The gang's meeting place (dir, me, members) of a gang member's spec, or None."""
+    health = spec["launch"].get("gang_health")
+    return dict(health, dir=os.path.join(health["dir"], "ct-restarts")) if health else None
+
+
+def _stays_stopped(spec):
+    return (f"the run was stopped on purpose ({spec.get('wanted_by')} at {_stamp(spec.get('wanted_at') or 0)}): "
+            "it stays stopped")
+
+
+def _wait_for_lock(path, holder, cap):
+    """Take the CT's redeploy lock for holder, waiting up to cap seconds for a job that holds it
+    (its worker ends with the CT anyway). Returns None once held, else the words of the holder
+    it went on without."""
+    deadline = time.monotonic() + cap
+    while True:
+        try:
+            lock.take(path, holder, LEASE_SECONDS)
+            return None
+        except lock.LockHeld as err:
+            if time.monotonic() >= deadline:
+                return str(err).split(". ")[0]
+        except (OSError, ValueError) as err:
+            return f"lock_path: {err}"
+        time.sleep(1)
+
+
+def pre_stop(directory, phase="pre-stop"):
+    """The run's staged stop before Proxmox stops the CT. Returns the exit status (0: Proxmox only
+    warns on a hookscript's error, and the CT stops either way)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options, trainer_finding
+
+    spec = run_spec.read(directory)
+    if spec is None:
+        say(phase, f"no run launched by dflash.lifecycle in this CT ({run_spec.spec_path(directory)}): nothing to stop")
+        return 0
+    if spec.get("wanted") != "running":
+        say(phase, _stays_stopped(spec))
+        return 0
+    launch = spec["launch"]
+    running = trainer_finding.running(launch["pidfile"], launch.get("pattern"))
+    if running is None:
+        say(phase, "no trainer runs (it ended on its own since its launch); the CT's next start relaunches it")
+        return 0
+    try:
+        options = stop_options.checked(spec["stop"], "the run's stop options")
+    except stop_options.InvalidParameter as err:
+        say(phase, f"NOTHING WAS SAVED: {err}; the CT's stop ends the trainer without its checkpoint")
+        return 1
+    options.lifecycle_dir = None  # this stop is Proxmox's: the run stays wanted
+    record = _record(spec)
+    lock_path = _lock_path(spec)
+    went_on = _wait_for_lock(lock_path, PRE_STOP_HOLDER, options.graceful_wait_cap)
+    try:
+        change_record.begin(record, PRE_STOP_HOLDER, "stop before Proxmox stops the CT", os.getpid())
+    except OSError:
+        pass
+    lease = None if went_on else (lock_path, PRE_STOP_HOLDER, LEASE_SECONDS)
+    result = staged_stop.run_in_module(options, lease=lease)
+    checkpoint = result.get("checkpoint") or {}
+    loss = result.get("loss") or {}
+    words = result.get("msg") or "the stop said nothing"
+    if went_on:
+        words += f" (it did not wait for {went_on})"
+    failed = bool(result.get("failed"))
+    try:
+        change_record.end(record, failed, words)
+        run_spec.mark(directory, "running", PRE_STOP_HOLDER, paused={
+            "at": time.time(), "failed": failed, "checkpoint": checkpoint.get("path"),
+            "steps_lost": loss.get("steps_lost"), "stopped_by": result.get("stopped_by")})
+        gang = _gang(spec)
+        if gang:
+            _tell(gang, "paused", {"checkpoint": checkpoint.get("path")})
+        if lease:
+            lock.release(lock_path, PRE_STOP_HOLDER)
+    except OSError as err:
+        words += f"; its record could not be written: {err}"
+    say(phase, ("THE STOP FAILED: " if failed else "") + words)
+    return 1 if failed else 0
+
+
+def _tell(gang, state, facts):
+    """This member's word in the gang's meeting place: paused (its CT stopping), up (its CT started)."""
+    folder = os.path.join(gang["dir"], state)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    write_atomic(os.path.join(folder, f"{gang['me']}.json"), json.dumps(dict(facts, at=time.time())), mode=0o644)
+
+
+def _heard(gang, state):
+    """{member: its word} of state, for the members that said it."""
+    words = {}
+    for member in gang["members"]:
+        try:
+            words[member] = read_json(os.path.join(gang["dir"], state, f"{member}.json"))
+        except (OSError, ValueError):
+            continue
+    return words
+
+
+def gang_meets(gang, wait):
+    """After this member's CT started: wait until every member's CT is up again since the gang's
+    newest pause. Returns (round, None) when all are, else (None, words naming who is missing)."""
+    _tell(gang, "up", {})
+    deadline = time.monotonic() + wait
+    while True:
+        paused = _heard(gang, "paused")
+        since = max([word["at"] for word in paused.values()] or [0])
+        up = _heard(gang, "up")
+        missing = [member for member in gang["members"] if up.get(member, {}).get("at", 0) <= since]
+        if not missing:
+            return f"{since:.0f}", None
+        if time.monotonic() >= deadline:
+            return None, (f"{', '.join(missing)} did not come back within {wait:.0f} s of this CT's start "
+                          "(only its CT's start, or `make start`, relaunches it): THE GANG STAYS DOWN")
+        time.sleep(GANG_POLL_SECONDS)
+
+
+def relaunch_params(spec, gang_round=None):
+    """The launch options that bring the run back: its own, the model staged again, resuming from
+    the newest checkpoint (a run launched fresh resumes too: the stop before kept one), nothing
+    activated or rolled back (the release that ran is current); a gang's health words in a place of
+    the round's own."""
+    params = dict(spec["launch"], stop_first=None, activate=None, gang_stop=None, rollback_on_failure=False,
+                  rollback_launch=None, progress_file=None, stage_models=spec.get("stage_models"),
+                  resume_auto=not spec["launch"].get("resumes"), refuse_busy=True,
+                  lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
+                             "lock_path": spec.get("lock_path")})
+    if gang_round and params.get("gang_health"):
+        params["gang_health"] = dict(params["gang_health"],
+                                     dir=os.path.join(params["gang_health"]["dir"], "ct-restarts", gang_round))
+    return params
+
+
+def resume(directory, phase="post-start"):
+    """In the detached process post-start left: bring the run back. Returns the exit status."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
+
+    spec = run_spec.read(directory)
+    if spec is None or spec.get("wanted") != "running":
+        say(phase, "nothing to relaunch" if spec is None else _stays_stopped(spec))
+        return 0
+    record = _record(spec)
+    gang_round = None
+    gang = _gang(spec)
+    if gang:
+        gang_round, missing = gang_meets(gang, float(spec["launch"].get("health_timeout") or 300))
+        if missing:
+            try:
+                change_record.begin(record, POST_START_HOLDER, "relaunch after the CT started", os.getpid())
+                change_record.end(record, True, missing)
+            except OSError:
+                pass
+            say(phase, missing)
+            return 1
+    lock_path = _lock_path(spec)
+    went_on = _wait_for_lock(lock_path, POST_START_HOLDER, LEASE_SECONDS)
+    if went_on:
+        say(phase, f"not relaunched: {went_on} holds the CT")
+        return 1
+    params = relaunch_params(spec, gang_round)
+    params["lifecycle"]["dir"] = directory
+    lease = (lock_path, POST_START_HOLDER, LEASE_SECONDS)
+    try:
+        result = launch_call.run(params, False, lambda note: say(phase, note), lease)
+        say(phase, f"the run is back: {result.get('msg')}")
+        return 0
+    except launch_call.LaunchFailed as err:
+        say(phase, f"THE RELAUNCH FAILED: {err.msg}")
+        return 1
+    finally:
+        try:
+            lock.release(lock_path, POST_START_HOLDER)
+        except OSError:
+            pass
+
+
+def post_start(directory, argv0):
+    """Leave the relaunch to a detached process and return at once: Proxmox's start task waits
+    for its hookscript. Returns the exit status."""
+    spec = run_spec.read(directory)
+    if spec is None:
+        say("post-start", "no run launched by dflash.lifecycle in this CT: nothing to relaunch")
+        return 0
+    if spec.get("wanted") != "running":
+        say("post-start", _stays_stopped(spec))
+        return 0
+    log = os.path.join(directory, "resume.log")
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.execv(sys.executable, [sys.executable, argv0, "resume"])
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    say("post-start", f"the relaunch of release {spec.get('release') or '(current)'} goes on detached in the CT "
+                      f"(its log: {log}; its outcome: make status, last_change)")
+    return 0
+
+
+def main(argv, agent=None):
+    """``hook <phase>``: pve-container's phases (the others cost nothing), and ``resume``. agent:
+    the agent's zip, in the run's lifecycle directory (sys.argv[0] when run as ``python agent.zip``)."""
+    agent = os.path.abspath(agent or sys.argv[0])
+    directory = os.path.dirname(agent)
+    phase = argv[0] if argv else ""
+    if phase == "pre-stop":
+        return pre_stop(directory)
+    if phase == "post-start":
+        return post_start(directory, agent)
+    if phase == "resume":
+        return resume(directory)
+    if phase in ("pre-start", "post-stop"):
+        return 0
+    sys.stderr.write(f"usage: hook pre-stop|post-start (pve-container's phases); got {phase!r}\n")
+    return 2

@@ -1,0 +1,265 @@
+#!/usr/bin/python
+# Copyright: dflash-lifecycle contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pve_hookscript
+short_description: Install this project's Proxmox hookscript on a node, or set it on a CT
+version_added: 0.2.0
+author: DFlash lifecycle maintainers (@dflash-lifecycle)
+description:
+  - Runs on a Proxmox VE node. Without O(vmid) it installs the hookscript O(script) as
+    C(<storage>:snippets/dflash-lifecycle-hook.sh) on this node, after checking that O(storage)
+    exists, is enabled, is available on O(node) and holds snippets (C(pvesh get /storage/<id>)),
+    and writes the chain files of the CTs that chain to another hookscript (O(chains)). Run it on
+    every node a CT may start on - a restart migration or an HA relocation starts the CT on
+    another node, whose pve-container then runs the hookscript from its own storage.
+  - With O(vmid) it sets the hookscript on that CT (C(pct set <vmid> --hookscript <volume>)). A CT
+    whose hookscript is someone else's is refused, naming the script, unless O(chain) names that
+    script; the project's hookscript then runs it first, in every phase, with its exit status
+    kept (a pre-start failure still aborts the start).
+  - O(state=absent) removes the setting from the CT (the chained script, if any, is set back), or
+    the script and its chain files from the node.
+  - What the hookscript does is docs/pve-hooks.md of this project - C(pre-stop) stops the run in
+    stages with its checkpoint before the CT stops, C(post-start) brings it back.
+options:
+  storage:
+    description: The storage for the script; it must hold C(snippets) and be available on O(node).
+    type: str
+    required: true
+  node:
+    description: This node's name in the cluster (what a storage's C(nodes) list names).
+    type: str
+    required: true
+  script:
+    description: The hookscript's content (node mode; the role's C(files/dflash-lifecycle-hook.sh)).
+    type: str
+  chains:
+    description:
+      - Node mode - C({vmid - volume}) of the CTs whose own earlier hookscript the project's one runs
+        first; each volume is resolved on this node and must exist there.
+    type: dict
+    default: {}
+  vmids:
+    description: Node mode - the CTs this install manages; a chain file of one of them that O(chains) no longer names is removed.
+    type: list
+    elements: int
+    default: []
+  vmid:
+    description: The CT whose hookscript setting is set (CT mode).
+    type: int
+  chain:
+    description: CT mode - the CT's hookscript of before, which the project's one runs first. Without it a CT with another hookscript is refused.
+    type: str
+  state:
+    description: V(present) installs or sets; V(absent) removes.
+    type: str
+    choices: [present, absent]
+    default: present
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: none
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Checks everything and reports what would change; writes nothing.
+  diff_mode:
+    support: full
+    details: The script's content (node mode), the CT's hookscript setting (CT mode).
+  platform:
+    support: full
+    platforms: posix
+"""
+
+EXAMPLES = r"""
+- name: Install the hookscript on every node (the CTs' nodes and their migration targets)
+  dflash.lifecycle.pve_hookscript:
+    storage: local
+    node: "{{ inventory_hostname }}"
+    script: "{{ lookup('ansible.builtin.file', 'dflash-lifecycle-hook.sh') }}"
+
+- name: Set it on ct200, keeping the hookscript it had
+  dflash.lifecycle.pve_hookscript:
+    storage: local
+    node: pve1
+    vmid: 200
+    chain: local:snippets/backup-hook.pl
+  delegate_to: pve1
+"""
+
+RETURN = r"""
+path:
+  description: The script's path on this node.
+  returned: always
+  type: str
+  sample: /var/lib/vz/snippets/dflash-lifecycle-hook.sh
+volume:
+  description: The script's volume, as a CT's C(hookscript) names it.
+  returned: always
+  type: str
+  sample: local:snippets/dflash-lifecycle-hook.sh
+hookscript:
+  description: CT mode - the CT's hookscript setting before and after (null - none).
+  returned: when vmid is set
+  type: dict
+  sample: {before: null, after: local:snippets/dflash-lifecycle-hook.sh}
+ours:
+  description: CT mode - whether the CT's hookscript is this project's after the call.
+  returned: when vmid is set
+  type: bool
+chained:
+  description: Node mode - C({vmid - path}) of the scripts run first; CT mode - the chained volume.
+  returned: always
+  type: raw
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
+
+
+def _storage(module, storage):
+    """pvesh get /storage/<id>: its options, or None when it does not exist."""
+    rc, out, err = module.run_command(["pvesh", "get", f"/storage/{storage}", "--output-format", "json"])
+    if rc != 0:
+        if "does not exist" in err:
+            return None
+        module.fail_json(msg=f"pvesh get /storage/{storage} failed (exit {rc}): {err.strip()}; nothing was changed")
+    return json.loads(out)
+
+
+def _dir_of(module, storage, node):
+    try:
+        return hookscript.snippets_dir(storage, _storage(module, storage), node)
+    except hookscript.Refused as err:
+        module.fail_json(msg=f"{err}; nothing was changed")
+
+
+def _write(module, path, text, mode):
+    """Write text to path unless it is there already; returns changed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() == text and (os.stat(path).st_mode & 0o777) == mode:
+                return False
+    except OSError:
+        pass
+    if not module.check_mode:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    return True
+
+
+def _remove(module, path):
+    if not os.path.lexists(path):
+        return False
+    if not module.check_mode:
+        os.unlink(path)
+    return True
+
+
+def node_mode(module, p):
+    folder = _dir_of(module, p["storage"], p["node"])
+    path = os.path.join(folder, hookscript.SCRIPT_NAME)
+    chains_dir = os.path.join(folder, hookscript.CHAIN_DIR)
+    result = {"path": path, "volume": hookscript.volume(p["storage"]), "chained": {}}
+    if p["state"] == "absent":
+        changed = _remove(module, path)
+        for vmid in p["vmids"]:
+            changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.chain"))
+        module.exit_json(changed=changed, **result)
+    if not p["script"]:
+        module.fail_json(msg="script: the hookscript's content is required to install it", **result)
+    for vmid, chained in sorted(p["chains"].items()):
+        match = hookscript.VOLUME_RE.match(str(chained))
+        if not match:
+            module.fail_json(msg=f"pve_hook_chain of CT {vmid}: '{chained}' is not a <storage>:snippets/<file> volume; "
+                             "nothing was changed", **result)
+        chained_path = os.path.join(_dir_of(module, match.group(1), p["node"]), match.group(2)[len("snippets/"):])
+        if not os.access(chained_path, os.X_OK):
+            module.fail_json(msg=f"pve_hook_chain of CT {vmid}: script '{chained}' does not exist or is not executable "
+                             f"on node {p['node']} ({chained_path}); nothing was changed", **result)
+        result["chained"][str(vmid)] = chained_path
+    before = None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before = handle.read()
+    except OSError:
+        pass
+    changed = _write(module, path, p["script"], 0o755)
+    for vmid in p["vmids"]:
+        if str(vmid) not in result["chained"]:
+            changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.chain"))
+    for vmid, chained_path in result["chained"].items():
+        changed |= _write(module, os.path.join(chains_dir, f"{vmid}.chain"), chained_path + "\n", 0o644)
+    diff = {"before": before or "", "after": p["script"], "before_header": path, "after_header": path}
+    module.exit_json(changed=changed, diff=diff, **result)
+
+
+def ct_mode(module, p):
+    vmid = p["vmid"]
+    ours = hookscript.volume(p["storage"])
+    rc, out, err = module.run_command(["pct", "config", str(vmid)])
+    if rc != 0:
+        module.fail_json(msg=f"pct config {vmid} failed (exit {rc}): {err.strip()}; nothing was changed")
+    current = hookscript.current_hookscript(out)
+    result = {"volume": ours, "path": None, "chained": p["chain"]}
+    if p["state"] == "absent":
+        after = current
+        if current == ours:
+            after = p["chain"]
+            command = ["pct", "set", str(vmid)] + (["--hookscript", p["chain"]] if p["chain"] else ["--delete", "hookscript"])
+            if not module.check_mode:
+                module.run_command(command, check_rc=True)
+        module.exit_json(changed=after != current, hookscript={"before": current, "after": after}, ours=False,
+                         diff={"before": f"hookscript: {current}\n", "after": f"hookscript: {after}\n"}, **result)
+    try:
+        set_to, _chain = hookscript.plan_ct(vmid, current, ours, p["chain"])
+    except hookscript.Refused as err:
+        module.fail_json(msg=f"{err}; nothing was changed", hookscript={"before": current, "after": current}, **result)
+    result["path"] = os.path.join(_dir_of(module, p["storage"], p["node"]), hookscript.SCRIPT_NAME)
+    if set_to and not module.check_mode:
+        rc, out, err = module.run_command(["pct", "set", str(vmid), "--hookscript", set_to])
+        if rc != 0:
+            module.fail_json(msg=f"pct set {vmid} --hookscript {set_to} failed (exit {rc}): {err.strip()}",
+                             hookscript={"before": current, "after": current}, **result)
+    after = set_to or current
+    module.exit_json(changed=bool(set_to), hookscript={"before": current, "after": after}, ours=after == ours,
+                     diff={"before": f"hookscript: {current}\n", "after": f"hookscript: {after}\n"}, **result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "storage": {"type": "str", "required": True},
+            "node": {"type": "str", "required": True},
+            "script": {"type": "str"},
+            "chains": {"type": "dict", "default": {}},
+            "vmids": {"type": "list", "elements": "int", "default": []},
+            "vmid": {"type": "int"},
+            "chain": {"type": "str"},
+            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+        },
+        supports_check_mode=True,
+    )
+    if module.params["vmid"] is None:
+        node_mode(module, module.params)
+    ct_mode(module, module.params)
+
+
+if __name__ == "__main__":
+    main()
