@@ -183,7 +183,7 @@ rollback: host-required venv ## switch HOST back to its previous release and rel
 	@$(call guarded,$(PLAYBOOK) playbooks/rollback.yml)
 
 pve-hooks: host-required venv ## the Proxmox hookscript on every node and on HOST's CTs: checkpoint before any CT stop, run back after its start
-	@$(call guarded,$(BIN)/ansible-playbook -i $(INVENTORY) -l '$(CTS):proxmox_nodes' $(EXTRA) playbooks/pve_hooks.yml)
+	@$(call guarded,$(PLAYBOOK) playbooks/pve_hooks.yml)
 
 status: venv ## per CT: running, PID, uptime, release, drift, tok/s, checkpoint, lock
 	@$(call guarded,$(PLAYBOOK) playbooks/status.yml)

@@ -117,6 +117,7 @@ def pre_stop(directory, phase="pre-stop"):
     except OSError:
         pass
     lease = None if went_on else (lock_path, PRE_STOP_HOLDER, LEASE_SECONDS)
+    began = time.time()
     result = staged_stop.run_in_module(options, lease=lease)
     checkpoint = result.get("checkpoint") or {}
     loss = result.get("loss") or {}
@@ -126,12 +127,18 @@ def pre_stop(directory, phase="pre-stop"):
     failed = bool(result.get("failed"))
     try:
         change_record.end(record, failed, words)
+        # the stop's own account (its timeline: each signal, the trainer's exit), for bench/pve_hooks.py
+        write_atomic(os.path.join(directory, "pre-stop.json"), json.dumps(dict(
+            {key: result.get(key) for key in ("stopped_by", "timeline", "checkpoint", "loss", "cpu_s", "msg")},
+            began=began, ended=time.time(), failed=failed)))
+        stopped_by = result.get("stopped_by")
         run_spec.mark(directory, "running", PRE_STOP_HOLDER, paused={
-            "at": time.time(), "failed": failed, "checkpoint": checkpoint.get("path"),
-            "steps_lost": loss.get("steps_lost"), "stopped_by": result.get("stopped_by")})
+            "at": time.time(), "failed": failed, "checkpoint": checkpoint.get("new") or checkpoint.get("newest"),
+            "steps_lost": loss.get("steps_lost"),
+            "stopped_by": stopped_by.get("signal") or "the stop request" if isinstance(stopped_by, dict) else stopped_by})
         gang = _gang(spec)
         if gang:
-            _tell(gang, "paused", {"checkpoint": checkpoint.get("path")})
+            _tell(gang, "paused", {"checkpoint": checkpoint.get("new") or checkpoint.get("newest")})
         if lease:
             lock.release(lock_path, PRE_STOP_HOLDER)
     except OSError as err:
@@ -165,9 +172,9 @@ def gang_meets(gang, wait):
     deadline = time.monotonic() + wait
     while True:
         paused = _heard(gang, "paused")
-        since = max([word["at"] for word in paused.values()] or [0])
+        since = max([(word or {}).get("at", 0) for word in paused.values()] or [0])
         up = _heard(gang, "up")
-        missing = [member for member in gang["members"] if up.get(member, {}).get("at", 0) <= since]
+        missing = [member for member in gang["members"] if (up.get(member) or {}).get("at", 0) <= since]
         if not missing:
             return f"{since:.0f}", None
         if time.monotonic() >= deadline:
@@ -181,8 +188,11 @@ def relaunch_params(spec, gang_round=None):
     the newest checkpoint (a run launched fresh resumes too: the stop before kept one), nothing
     activated or rolled back (the release that ran is current); a gang's health words in a place of
     the round's own."""
+    # the staging's options as trainer_process's argument spec fills them (the role gives only some)
+    stage = dict({"reserve_gb": 32, "workers": 4, "progress_file": None}, **spec["stage_models"]) \
+        if spec.get("stage_models") else None
     params = dict(spec["launch"], stop_first=None, activate=None, gang_stop=None, rollback_on_failure=False,
-                  rollback_launch=None, progress_file=None, stage_models=spec.get("stage_models"),
+                  rollback_launch=None, progress_file=None, stage_models=stage,
                   resume_auto=not spec["launch"].get("resumes"), refuse_busy=True,
                   lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
                              "lock_path": spec.get("lock_path")})
@@ -223,7 +233,9 @@ def resume(directory, phase="post-start"):
     lease = (lock_path, POST_START_HOLDER, LEASE_SECONDS)
     try:
         result = launch_call.run(params, False, lambda note: say(phase, note), lease)
-        say(phase, f"the run is back: {result.get('msg')}")
+        resumed = (result.get("resume") or {}).get("path")
+        say(phase, f"the run is back: {result.get('msg')}, " + (
+            f"resuming from {resumed}" if resumed else "with no checkpoint to resume from"))
         return 0
     except launch_call.LaunchFailed as err:
         say(phase, f"THE RELAUNCH FAILED: {err.msg}")

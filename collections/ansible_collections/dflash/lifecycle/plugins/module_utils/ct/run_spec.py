@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import zipfile
+import zlib
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
 
@@ -67,6 +68,7 @@ def record_launch(lifecycle, params, pid):
     """After a healthy launch of params (trainer_process's), PID pid: keep the run's spec, the agent's
     code and the hook command in lifecycle["dir"]. Raises OSError only."""
     directory = lifecycle["dir"]
+    before = read(directory) or {}
     spec = {
         "version": VERSION,
         "launch": {key: value for key, value in params.items() if key not in ONE_LAUNCH_ONLY},
@@ -79,6 +81,7 @@ def record_launch(lifecycle, params, pid):
         "wanted": "running",
         "wanted_by": "the launch",
         "wanted_at": time.time(),
+        "paused": before.get("paused"),  # the last Proxmox stop's account stays until the next one
     }
     _write(directory, spec)
     write_agent(directory)
@@ -125,6 +128,13 @@ def _package_root():
     return here[:here.index(marker)]
 
 
+def _payload_entries(payload):
+    """The entries of an AnsiballZ payload the agent takes: this collection and ansible.module_utils."""
+    return [info for info in payload.infolist()
+            if info.filename.startswith(("ansible/module_utils/", "ansible_collections/"))
+            or info.filename == "ansible/__init__.py"]
+
+
 def agent_bytes():
     """The agent as a zip application: this collection's module_utils and the ansible.module_utils
     it imports, as the module that runs this has them (its AnsiballZ payload when it is one, else
@@ -137,10 +147,8 @@ def agent_bytes():
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as agent:
         if zipfile.is_zipfile(root):
             with zipfile.ZipFile(root) as payload:
-                for info in payload.infolist():
-                    if info.filename.startswith(("ansible/module_utils/", "ansible_collections/")) or \
-                            info.filename in ("ansible/__init__.py",):
-                        agent.writestr(info, payload.read(info))
+                for info in _payload_entries(payload):
+                    agent.writestr(info, payload.read(info))
         else:
             import ansible.module_utils
 
@@ -150,6 +158,8 @@ def agent_bytes():
             for top, name in trees:
                 for folder, dirs, files in os.walk(top):
                     dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                    if "__init__.py" not in files:  # zipimport finds no namespace package
+                        agent.writestr(os.path.normpath(os.path.join(name, os.path.relpath(folder, top), "__init__.py")), "")
                     for file in sorted(files):
                         if file.endswith(".py"):
                             path = os.path.join(folder, file)
@@ -161,16 +171,28 @@ def agent_bytes():
     return buffer.getvalue()
 
 
-def write_agent(directory):
-    """agent.zip in directory, replaced only when its code changed. Returns whether it changed."""
-    path = os.path.join(directory, "agent.zip")
-    data = agent_bytes()
+def _contents(archive):
+    """{(name, CRC)} of a zip, or None when it cannot be read."""
     try:
-        with zipfile.ZipFile(path) as old, zipfile.ZipFile(io.BytesIO(data)) as new:
-            same = sorted((i.filename, i.CRC) for i in old.infolist()) == sorted((i.filename, i.CRC) for i in new.infolist())
+        with zipfile.ZipFile(archive) as opened:
+            return {(info.filename, info.CRC) for info in opened.infolist()}
     except (OSError, zipfile.BadZipFile):
-        same = False
-    if same:
+        return None
+
+
+def write_agent(directory):
+    """agent.zip in directory, replaced only when its code changed (a launch of the same release of
+    this collection compares the payload's CRCs and builds nothing). Returns whether it changed."""
+    path = os.path.join(directory, "agent.zip")
+    root = _package_root()
+    old = _contents(path)
+    if old is not None and zipfile.is_zipfile(root):
+        with zipfile.ZipFile(root) as payload:
+            wanted = {(info.filename, info.CRC) for info in _payload_entries(payload)}
+        if old == wanted | {("__main__.py", zlib.crc32(AGENT_MAIN.encode()))}:
+            return False
+    data = agent_bytes()
+    if old is not None and old == _contents(io.BytesIO(data)):
         return False
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -72,7 +72,8 @@ def plan_ct(vmid, current, ours, chain):
         return (None if current == ours else ours), chain
     if chain == current:
         return ours, chain
+    named = f" (pve_hook_chain: '{chain}' names another script)" if chain else ""
     raise Refused(
-        f"CT {vmid} already has the hookscript {current}: refused, it is not replaced. Chain to it (it runs "
+        f"CT {vmid} already has the hookscript {current}{named}: refused, it is not replaced. Chain to it (it runs "
         f"first, in every phase) with pve_hook_chain: {current} for this CT, or remove it with "
         f"`pct set {vmid} --delete hookscript`")

@@ -1,0 +1,147 @@
+"""The Proxmox hook's rules: where the node's script goes and what a CT's hookscript allows
+(module_utils/node/hookscript.py), what a launch keeps on the CT's disk and what a stop asked for
+marks (module_utils/ct/run_spec.py), and the CT side's decisions (module_utils/ct/pve_hook.py)."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import pve_hook, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
+
+LOCAL = {"storage": "local", "type": "dir", "path": "/var/lib/vz", "content": "iso,vztmpl,backup,snippets"}
+OURS = "local:snippets/dflash-lifecycle-hook.sh"
+
+
+def test_the_script_goes_into_the_storages_snippets_directory():
+    assert hookscript.snippets_dir("local", LOCAL, "pve1") == "/var/lib/vz/snippets"
+    assert hookscript.snippets_dir("local", dict(LOCAL, nodes="pve1,pve2"), "pve2") == "/var/lib/vz/snippets"
+
+
+@pytest.mark.parametrize("scfg, named", [
+    (None, "storage 'local' does not exist"),
+    (dict(LOCAL, disable="1"), "storage 'local' is disabled"),
+    (dict(LOCAL, nodes="pve1"), "storage 'local' is not available on node 'pve2' (its nodes: pve1)"),
+    (dict(LOCAL, content="iso,backup"), "does not hold snippets (content: iso,backup); add it with `pvesm set local "
+                                        "--content iso,backup,snippets`"),
+    ({"storage": "local", "type": "rbd", "content": "snippets"}, "(type rbd) has no directory for snippets"),
+])
+def test_a_storage_the_node_cannot_hold_the_script_in_is_refused_naming_the_variable(scfg, named):
+    with pytest.raises(hookscript.Refused) as err:
+        hookscript.snippets_dir("local", scfg, "pve2")
+    assert str(err.value).startswith("pve_hook_storage: ") and named in str(err.value), str(err.value)
+
+
+def test_a_cts_hookscript_is_set_when_it_has_none_and_left_when_it_is_ours():
+    assert hookscript.plan_ct(200, None, OURS, None) == (OURS, None)
+    assert hookscript.plan_ct(200, OURS, OURS, None) == (None, None)
+    assert hookscript.current_hookscript("arch: amd64\nhookscript: local:snippets/x.pl\nmemory: 4096\n") == \
+        "local:snippets/x.pl"
+    assert hookscript.current_hookscript("arch: amd64\n") is None
+
+
+def test_someone_elses_hookscript_is_refused_naming_it_unless_chained_to():
+    with pytest.raises(hookscript.Refused) as err:
+        hookscript.plan_ct(200, "local:snippets/backup.pl", OURS, None)
+    assert "CT 200 already has the hookscript local:snippets/backup.pl: refused" in str(err.value)
+    assert "pve_hook_chain: local:snippets/backup.pl" in str(err.value)
+    assert hookscript.plan_ct(200, "local:snippets/backup.pl", OURS, "local:snippets/backup.pl") == (
+        OURS, "local:snippets/backup.pl")
+    with pytest.raises(hookscript.Refused, match="pve_hook_chain: 'local:snippets/other.pl'"):
+        # a chain that names another script does not make a foreign one ours to replace
+        hookscript.plan_ct(200, "local:snippets/backup.pl", OURS, "local:snippets/other.pl")
+    with pytest.raises(hookscript.Refused, match="is not a <storage>:snippets/<file> volume"):
+        hookscript.plan_ct(200, None, OURS, "/var/lib/vz/snippets/backup.pl")
+
+
+LAUNCH = {"command": ["/bin/sh", "/run/dflash/trainer.sh"], "pidfile": "/run/dflash/trainer.pid",
+          "pattern": "train_dflash_pipeline[.]py", "log_file": "/workspace/logs/train.log", "resumes": False,
+          "secrets_env": "HF_TOKEN=hf_secret\n", "stop_first": {"pidfile": "/run/dflash/trainer.pid"},
+          "activate": {"base": "/opt/dflash", "release": "r2"}, "release": "r2",
+          "gang_health": None, "change_record": "/var/lib/dflash/last-change.json"}
+STOP = {"pidfile": "/run/dflash/trainer.pid", "signal_at": 1796490000.0, "lifecycle_dir": "/var/lib/dflash/lifecycle"}
+
+
+def launched(tmp_path):
+    directory = str(tmp_path / "lifecycle")
+    lifecycle = {"dir": directory, "stop": STOP, "stage_models": None, "lock_path": "/run/dflash/redeploy.lock"}
+    run_spec.record_launch(lifecycle, dict(LAUNCH, lifecycle=lifecycle), 4242)
+    return directory
+
+
+def test_a_launch_keeps_the_runs_spec_without_what_belonged_to_that_one_launch(tmp_path):
+    directory = launched(tmp_path)
+    spec = run_spec.read(directory)
+    assert spec["wanted"] == "running" and spec["pid"] == 4242 and spec["release"] == "r2"
+    assert "stop_first" not in spec["launch"] and "activate" not in spec["launch"] and "lifecycle" not in spec["launch"]
+    assert spec["launch"]["secrets_env"] == "HF_TOKEN=hf_secret\n"
+    assert "signal_at" not in spec["stop"]  # a gang's moment is one job's
+    assert os.stat(run_spec.spec_path(directory)).st_mode & 0o777 == 0o600  # it holds the run's secrets
+    with open(os.path.join(directory, "hook"), encoding="utf-8") as handle:
+        assert f"exec {sys.executable} {directory}/agent.zip" in handle.read()
+
+
+def test_a_stop_asked_for_marks_the_run_stopped_and_a_ct_without_a_spec_is_left_alone(tmp_path):
+    directory = launched(tmp_path)
+    run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
+    summary = run_spec.summary(directory)
+    assert summary["wanted"] == "stopped" and "a CT start leaves it down" in summary["words"]
+    assert run_spec.mark(str(tmp_path / "none"), "stopped", "x") is None
+    assert not os.path.exists(tmp_path / "none")
+
+
+def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_before(tmp_path):
+    spec = run_spec.read(launched(tmp_path))
+    params = pve_hook.relaunch_params(spec)
+    assert params["stop_first"] is None and params["activate"] is None and params["rollback_on_failure"] is False
+    assert params["resume_auto"] is True  # a run launched fresh resumes from the checkpoint the stop kept
+    assert params["command"] == LAUNCH["command"] and params["secrets_env"] == LAUNCH["secrets_env"]
+    assert params["lifecycle"]["stop"] == spec["stop"]
+    gang = dict(spec, launch=dict(spec["launch"], gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "a",
+                                                               "members": ["a", "b"]}))
+    assert pve_hook.relaunch_params(gang, "1796490000")["gang_health"]["dir"] == \
+        "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000"
+
+
+def test_the_agent_runs_as_a_zip_application_and_says_what_it_does_in_a_ct_without_a_spec(tmp_path):
+    directory = launched(tmp_path)
+    agent = os.path.join(directory, "agent.zip")
+    with zipfile.ZipFile(agent) as built:
+        names = built.namelist()
+    assert "__main__.py" in names and "ansible_collections/dflash/lifecycle/plugins/module_utils/ct/pve_hook.py" in names
+    assert run_spec.write_agent(directory) is False  # the same code: not rewritten
+    os.unlink(run_spec.spec_path(directory))
+    for phase in ("pre-stop", "post-start"):
+        done = subprocess.run([sys.executable, agent, phase], capture_output=True, text=True, check=False)
+        assert done.returncode == 0 and "no run launched by dflash.lifecycle in this CT" in done.stdout, done
+    assert subprocess.run([sys.executable, agent, "pre-start"], check=False).returncode == 0
+    wrong = subprocess.run([sys.executable, agent, "bogus"], capture_output=True, text=True, check=False)
+    assert wrong.returncode == 2 and "usage: hook pre-stop|post-start" in wrong.stderr
+
+
+def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys):
+    directory = launched(tmp_path)
+    run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
+    assert pve_hook.pre_stop(directory) == 0
+    assert pve_hook.post_start(directory, os.path.join(directory, "agent.zip")) == 0
+    out = capsys.readouterr().out
+    assert out.count("the run was stopped on purpose (the stop of root@vm ansible-playbook pid 7 at ") == 2
+    assert not os.path.exists(os.path.join(directory, "resume.log"))  # nothing was started
+
+
+def test_a_gang_relaunches_once_every_member_is_up_since_the_newest_pause(tmp_path, monkeypatch):
+    a = {"dir": str(tmp_path / "meet"), "me": "a", "members": ["a", "b"]}
+    b = dict(a, me="b")
+    pve_hook._tell(a, "paused", {})
+    pve_hook._tell(b, "paused", {})
+    pve_hook._tell(b, "up", {})
+    gang_round, missing = pve_hook.gang_meets(a, 5)
+    assert missing is None and gang_round == f"{json.loads((tmp_path / 'meet/paused/b.json').read_text())['at']:.0f}"
+    pve_hook._tell(b, "paused", {})  # b's CT stops again: a's word of before no longer counts
+    monkeypatch.setattr(pve_hook, "GANG_POLL_SECONDS", 0.05)
+    gang_round, missing = pve_hook.gang_meets(dict(b, members=["a", "b", "c"]), 0.2)
+    assert gang_round is None and missing.startswith("a, c did not come back within 0 s") and "THE GANG STAYS DOWN" in missing
