@@ -143,10 +143,11 @@ def main():
           f"(a 64 MB model restaged)")
     print(f"{'':<58} {'hooked s':>9} {'plain s':>8}")
     print(f"{'pct shutdown (wall)':<58} {median('hooked', 'shutdown'):>9.2f} {median('plain', 'shutdown'):>8.2f}")
-    print(f"{"  of it the trainer's own save (SIGINT -> exit)":<58} {median('hooked', 'save'):>9.2f} {'-':>8}")
+    save_words, startup_words = "  of it the trainer's own save (SIGINT -> exit)", "  of it the trainer's own start-up (its start -> first line)"
+    print(f"{save_words:<58} {median('hooked', 'save'):>9.2f} {'-':>8}")
     print(f"{'pct start (wall; post-start returns at once)':<58} {median('hooked', 'start'):>9.2f} {median('plain', 'start'):>8.2f}")
     print(f"{'CT start -> first progress line of the resumed run':<58} {median('hooked', 'first'):>9.2f} {'never':>8}")
-    print(f"{"  of it the trainer's own start-up (its start -> first line)":<58} {median('hooked', 'trainer_startup'):>9.2f}")
+    print(f"{startup_words:<58} {median('hooked', 'trainer_startup'):>9.2f}")
     print(f"pre-stop overhead beyond the trainer's own save: {overhead:.2f} s; steps lost: 0 hooked, every step since "
           "the last periodic checkpoint plain")
     print(f"CT start -> first progress, less the trainer's own start-up: {ours:.2f} s (restaging, the relaunch, "
