@@ -478,9 +478,12 @@ def _launch(params, check_mode, done):
         tokens_per_s=(result["throughput"] or {}).get("tokens_per_s"), release=(wanted or {}).get("release")))
     lifecycle = params.get("lifecycle") or {}
     if lifecycle.get("dir"):
-        # what the CT's Proxmox hook needs to stop this run and bring it back (module_utils/ct/pve_hook.py)
+        # what the CT's Proxmox hook needs to stop this run and bring it back (module_utils/pve_hook.py)
+        from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
+
         try:
             run_spec.record_launch(lifecycle, params, result["pid"])
+            pve_hook.write_agent(lifecycle["dir"])
         except OSError as err:
             result["lifecycle_error"] = (f"lifecycle.dir: {err}; the CT's Proxmox hook cannot stop or relaunch "
                                          "this run")

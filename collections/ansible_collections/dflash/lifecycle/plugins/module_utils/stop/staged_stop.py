@@ -141,7 +141,7 @@ def run_in_module(options, check_mode=False, lease=None):
         except StopFailed as err:
             result = dict(err.result, failed=True)
         if options.lifecycle_dir and not check_mode and not result.get("failed"):
-            # a stop asked for: the run stays down across the CT's restarts (module_utils/ct/pve_hook.py)
+            # a stop asked for: the run stays down across the CT's restarts (module_utils/pve_hook.py)
             try:
                 run_spec.mark(options.lifecycle_dir, "stopped", f"the stop of {lease[1] if lease else 'a job'}")
             except OSError as err:

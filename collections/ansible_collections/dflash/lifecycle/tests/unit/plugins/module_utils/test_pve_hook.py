@@ -1,6 +1,6 @@
 """The Proxmox hook's rules: where the node's script goes and what a CT's hookscript allows
 (module_utils/node/hookscript.py), what a launch keeps on the CT's disk and what a stop asked for
-marks (module_utils/ct/run_spec.py), and the CT side's decisions (module_utils/ct/pve_hook.py)."""
+marks (module_utils/ct/run_spec.py), and the CT side's decisions (module_utils/pve_hook.py)."""
 
 import json
 import os
@@ -10,7 +10,8 @@ import zipfile
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import pve_hook, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
 
 LOCAL = {"storage": "local", "type": "dir", "path": "/var/lib/vz", "content": "iso,vztmpl,backup,snippets"}
@@ -70,6 +71,7 @@ def launched(tmp_path):
     directory = str(tmp_path / "lifecycle")
     lifecycle = {"dir": directory, "stop": STOP, "stage_models": None, "lock_path": "/run/dflash/redeploy.lock"}
     run_spec.record_launch(lifecycle, dict(LAUNCH, lifecycle=lifecycle), 4242)
+    pve_hook.write_agent(directory)
     return directory
 
 
@@ -112,8 +114,8 @@ def test_the_agent_runs_as_a_zip_application_and_says_what_it_does_in_a_ct_witho
     agent = os.path.join(directory, "agent.zip")
     with zipfile.ZipFile(agent) as built:
         names = built.namelist()
-    assert "__main__.py" in names and "ansible_collections/dflash/lifecycle/plugins/module_utils/ct/pve_hook.py" in names
-    assert run_spec.write_agent(directory) is False  # the same code: not rewritten
+    assert "__main__.py" in names and "ansible_collections/dflash/lifecycle/plugins/module_utils/pve_hook.py" in names
+    assert pve_hook.write_agent(directory) is False  # the same code: not rewritten
     os.unlink(run_spec.spec_path(directory))
     for phase in ("pre-stop", "post-start"):
         done = subprocess.run([sys.executable, agent, phase], capture_output=True, text=True, check=False)
