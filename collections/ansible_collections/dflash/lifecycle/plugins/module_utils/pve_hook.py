@@ -87,7 +87,7 @@ def _wait_for_lock(path, holder, cap):
             return None
         except lock.LockHeld as err:
             if time.monotonic() >= deadline:
-                return str(err).split(". ")[0]
+                return str(err).split(". ", maxsplit=1)[0]
         except (OSError, ValueError) as err:
             return f"lock_path: {err}"
         time.sleep(1)

@@ -287,7 +287,7 @@ options:
     type: path
   lifecycle_dir:
     description:
-      - The CT's lifecycle directory (M(dflash.lifecycle.trainer_process)'s O(lifecycle.dir)). A
+      - The CT's lifecycle directory (O(dflash.lifecycle.trainer_process#module:lifecycle.dir)). A
         stop that ends as asked records there that the run is wanted stopped, so the CT's Proxmox
         hook does not relaunch it when the CT starts again. Unset, nothing is recorded.
     type: path

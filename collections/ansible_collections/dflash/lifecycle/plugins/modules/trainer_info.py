@@ -69,7 +69,7 @@ options:
     default: /var/lib/dflash/last-change.json
   lifecycle_dir:
     description: >-
-      The CT's lifecycle directory (M(dflash.lifecycle.trainer_process)'s O(lifecycle.dir)): what its
+      The CT's lifecycle directory (O(dflash.lifecycle.trainer_process#module:lifecycle.dir)): what its
       Proxmox hook would do with the run is read from there (RV(lifecycle)).
     type: path
   models:

@@ -54,7 +54,7 @@ def volume(storage, name=SCRIPT_NAME):
 def current_hookscript(config_text):
     """The hookscript a CT's ``pct config`` names, or None."""
     for line in config_text.splitlines():
-        key, _, value = line.partition(":")
+        key, value = (line.split(":", 1) + [""])[:2]
         if key.strip() == "hookscript":
             return value.strip() or None
     return None
