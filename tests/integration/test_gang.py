@@ -321,3 +321,38 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
     assert len(releases) == 1 and "after a dead controller" in gang.sh(
         "ct400", "cat /opt/dflash/current/train_dflash_pipeline.py")
     assert "resumed from /workspace/checkpoints/step_" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_as_one(gang):
+    """The hookscript installed on the gang (`make pve-hooks`), both CTs shut down by Proxmox at
+    once, as a reboot of their nodes does: each CT's pre-stop stops its member with the run's own
+    stop (the ranks take the request: they agree on one step and save), then both CTs start, and
+    each post-start waits for the other's CT in the shared directory and relaunches its member:
+    the ranks meet at the rendezvous and resume from the checkpoint the stop kept."""
+    installed = gang.make("pve-hooks")
+    assert installed.returncode == 0, installed.stdout[-6000:]
+    old = {host: gang.run(host)[0] for host in CTS}
+    assert all(old.values()), old
+    shutdowns = {host: subprocess.Popen(
+        ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={gang.bed.known_hosts}", "-o", "IdentitiesOnly=yes",
+         "-i", gang.bed.key, "-p", str(gang.bed.nodes[node]["port"]), f"root@{gang.bed.nodes[node]['address']}",
+         f"pct shutdown {vmid}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        for host, (node, vmid) in CTS.items()}
+    said = {}
+    for host, proc in shutdowns.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (host, out, err)
+        said[host] = re.search(r"^dflash pre-stop: (.*)$", out, re.M).group(1)
+    checkpoint = re.search(r"checkpoint (/workspace/checkpoints/step_\d+)", said["ct400"])
+    assert checkpoint and "THE STOP FAILED" not in " ".join(said.values()), said
+    for host, (node, vmid) in CTS.items():
+        started = gang.live.ssh(node, f"pct start {vmid}", check=True)
+        assert "goes on detached in the CT" in started.stdout, (host, started.stdout)
+    for host, (node, vmid) in CTS.items():
+        gang.live.wait_in_ct(node, vmid, "grep -q 'post-start hook.*\"finished_at\": [0-9]' /var/lib/dflash/last-change.json", 300,
+                             f"{host}'s relaunch to end")
+        record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
+        assert record["holder"] == "Proxmox post-start hook" and record["failed"] is False, (host, record)
+        agent, workers = gang.run(host)
+        assert agent and agent != old[host] and len(workers) == 2, (host, record)
+    assert f"resumed from {checkpoint.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
