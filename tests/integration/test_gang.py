@@ -323,6 +323,18 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
     assert "resumed from /workspace/checkpoints/step_" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
+def relaunched_since(gang, host, since, timeout=300):
+    """The CT's change record once a relaunch by its post-start hook begun after since has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json 2>/dev/null || echo {}"))
+        if record.get("holder") == "Proxmox post-start hook" and record.get("started_at", 0) > since \
+                and record.get("finished_at"):
+            return record
+        time.sleep(0.5)
+    raise AssertionError(f"{host}: no relaunch by its post-start hook ended within {timeout} s: {record}")
+
+
 def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_as_one(gang):
     """The hookscript installed on the gang (`make pve-hooks`), both CTs shut down by Proxmox at
     once, as a reboot of their nodes does: each CT's pre-stop stops its member with the run's own
@@ -331,8 +343,10 @@ def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_
     the ranks meet at the rendezvous and resume from the checkpoint the stop kept."""
     installed = gang.make("pve-hooks")
     assert installed.returncode == 0, installed.stdout[-6000:]
-    old = {host: gang.run(host)[0] for host in CTS}
-    assert all(old.values()), old
+    began = time.time()
+    # a restarted CT numbers its processes anew: the run is told by its pidfile's run id
+    old = {host: gang.sh(host, "cat /run/dflash/trainer.pid") for host in CTS}
+    assert all(gang.run(host)[0] for host in CTS), old
     shutdowns = {host: subprocess.Popen(
         ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={gang.bed.known_hosts}", "-o", "IdentitiesOnly=yes",
          "-i", gang.bed.key, "-p", str(gang.bed.nodes[node]["port"]), f"root@{gang.bed.nodes[node]['address']}",
@@ -348,11 +362,35 @@ def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_
     for host, (node, vmid) in CTS.items():
         started = gang.live.ssh(node, f"pct start {vmid}", check=True)
         assert "goes on detached in the CT" in started.stdout, (host, started.stdout)
-    for host, (node, vmid) in CTS.items():
-        gang.live.wait_in_ct(node, vmid, "grep -q 'post-start hook.*\"finished_at\": [0-9]' /var/lib/dflash/last-change.json", 300,
-                             f"{host}'s relaunch to end")
-        record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
-        assert record["holder"] == "Proxmox post-start hook" and record["failed"] is False, (host, record)
+    for host in CTS:
+        record = relaunched_since(gang, host, began)
+        assert record["failed"] is False, (host, record)
         agent, workers = gang.run(host)
-        assert agent and agent != old[host] and len(workers) == 2, (host, record)
+        assert agent and len(workers) == 2 and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
     assert f"resumed from {checkpoint.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def test_12_one_member_rebooted_by_proxmox_stops_and_brings_back_the_whole_gang(gang):
+    """Only ct401's CT rebooted (`pct reboot 401`): its node's hookscript reaches ct400's CT through
+    ct400's node (the cluster's root SSH), so both members stop at one moment with the gang's
+    checkpoint, and after the start both relaunch and meet at the rendezvous again - no member's
+    ranks are left waiting in a collective, none left down."""
+    installed = gang.make("pve-hooks")  # test 11's install, or this one's when it runs alone
+    assert installed.returncode == 0, installed.stdout[-6000:]
+    # a restarted CT numbers its processes anew: the run is told by its pidfile's run id
+    old = {host: gang.sh(host, "cat /run/dflash/trainer.pid") for host in CTS}
+    assert all(gang.run(host)[0] for host in CTS), old
+    began = time.time()
+    rebooted = gang.live.ssh("gn2", "pct reboot 401", check=True, timeout=300)
+    assert re.search(r"^\[ct400\] dflash pre-stop: stopped PID \d+", rebooted.stdout, re.M), rebooted.stdout
+    assert re.search(r"^dflash pre-stop: stopped PID \d+", rebooted.stdout, re.M), rebooted.stdout
+    assert "[ct400] dflash post-start: the relaunch" in rebooted.stdout, rebooted.stdout
+    # each member's stop sent its first signal, or wrote its request, at the one moment
+    first = {host: next(event["at"] for event in json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/pre-stop.json"))[
+        "timeline"] if event["event"] in ("signal", "request")) for host in CTS}
+    assert abs(first["ct400"] - first["ct401"]) < 0.5, first
+    for host in CTS:
+        record = relaunched_since(gang, host, began)
+        assert record["failed"] is False, (host, record)
+        agent, workers = gang.run(host)
+        assert agent and len(workers) == 2 and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)

@@ -249,6 +249,12 @@ class Testbed:
         for tool in ("pct", "pvesh"):
             shutil.copyfile(os.path.join(HERE, f"{tool}.py"), os.path.join(ndir, "bin", tool))
             os.chmod(os.path.join(ndir, "bin", tool), 0o755)
+        # a cluster's nodes reach each other as root over SSH (pvecm puts every node's key in the
+        # cluster's authorized_keys): the testbed's nodes get an ssh on their PATH that uses the
+        # testbed's key and known_hosts, which every node's sshd accepts
+        write(os.path.join(ndir, "bin", "ssh"),
+              f"#!/bin/sh\nexec /usr/bin/ssh -o IdentitiesOnly=yes -i {self.key} -o UserKnownHostsFile={self.known_hosts} "
+              "\"$@\"\n", 0o755)
         host_key = os.path.join(ndir, "ssh_host_ed25519_key")
         if not os.path.exists(host_key):
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", host_key])

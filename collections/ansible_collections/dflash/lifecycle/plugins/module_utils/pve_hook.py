@@ -76,14 +76,14 @@ def _stays_stopped(spec):
             "it stays stopped")
 
 
-def _wait_for_lock(path, holder, cap):
+def _wait_for_lock(path, holder, cap, takeover=None):
     """Take the CT's redeploy lock for holder, waiting up to cap seconds for a job that holds it
-    (its worker ends with the CT anyway). Returns None once held, else the words of the holder
-    it went on without."""
+    (its worker ends with the CT anyway); takeover: a holder whose lock may be taken once its worker
+    is gone. Returns None once held, else the words of the holder it went on without."""
     deadline = time.monotonic() + cap
     while True:
         try:
-            lock.take(path, holder, LEASE_SECONDS)
+            lock.take(path, holder, LEASE_SECONDS, takeover=takeover)
             return None
         except lock.LockHeld as err:
             if time.monotonic() >= deadline:
@@ -93,9 +93,24 @@ def _wait_for_lock(path, holder, cap):
         time.sleep(1)
 
 
-def pre_stop(directory, phase="pre-stop"):
-    """The run's staged stop before Proxmox stops the CT. Returns the exit status (0: Proxmox only
-    warns on a hookscript's error, and the CT stops either way)."""
+def peers(directory):
+    """``address port vmid name`` of each other member of this CT's gang, one a line: the node's
+    hookscript reaches their CTs through their nodes. Nothing for a CT that runs alone."""
+    spec = run_spec.read(directory)
+    health = (spec or {}).get("launch", {}).get("gang_health")
+    members = (spec or {}).get("members")
+    if not health or not members:
+        return 0
+    for name, vmid, address, port in zip(members["names"], members["vmids"], members["addresses"], members["ports"]):
+        if name != health["me"] and address:
+            sys.stdout.write(f"{address} {port} {vmid} {name}\n")
+    return 0
+
+
+def pre_stop(directory, moment=None, phase="pre-stop"):
+    """The run's staged stop before Proxmox stops the CT; moment: when a gang's members send their
+    first signal (the node's hookscript stops them all at once). Returns the exit status (0:
+    Proxmox only warns on a hookscript's error, and the CT stops either way)."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options, trainer_finding
 
     spec = run_spec.read(directory)
@@ -116,6 +131,7 @@ def pre_stop(directory, phase="pre-stop"):
         say(phase, f"NOTHING WAS SAVED: {err}; the CT's stop ends the trainer without its checkpoint")
         return 1
     options.lifecycle_dir = None  # this stop is Proxmox's: the run stays wanted
+    options.signal_at = moment
     record = _record(spec)
     lock_path = _lock_path(spec)
     went_on = _wait_for_lock(lock_path, PRE_STOP_HOLDER, options.graceful_wait_cap)
@@ -146,8 +162,8 @@ def pre_stop(directory, phase="pre-stop"):
         gang = _gang(spec)
         if gang:
             _tell(gang, "paused", {"checkpoint": checkpoint.get("new") or checkpoint.get("newest")})
-        if lease:
-            lock.release(lock_path, PRE_STOP_HOLDER)
+        # the lock stays with the hook: no job starts a run in the moment before lxc-stop, and the
+        # CT's stop wipes /run, lock and all (a CT that does not stop gets it back within the lease)
     except OSError as err:
         words += f"; its record could not be written: {err}"
     say(phase, ("THE STOP FAILED: " if failed else "") + words)
@@ -202,7 +218,7 @@ def relaunch_params(spec, gang_round=None):
                   rollback_launch=None, progress_file=None, stage_models=stage,
                   resume_auto=not spec["launch"].get("resumes"), refuse_busy=True,
                   lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
-                             "lock_path": spec.get("lock_path")})
+                             "lock_path": spec.get("lock_path"), "members": spec.get("members")})
     if gang_round and params.get("gang_health"):
         params["gang_health"] = dict(params["gang_health"],
                                      dir=os.path.join(params["gang_health"]["dir"], "ct-restarts", gang_round))
@@ -213,9 +229,15 @@ def resume(directory, phase="post-start"):
     """In the detached process post-start left: bring the run back. Returns the exit status."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
 
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+
     spec = run_spec.read(directory)
     if spec is None or spec.get("wanted") != "running":
         say(phase, "nothing to relaunch" if spec is None else _stays_stopped(spec))
+        return 0
+    running = trainer_finding.running(spec["launch"]["pidfile"], spec["launch"].get("pattern"))
+    if running is not None:  # a gang's other member asked too, or the run never stopped
+        say(phase, f"the run already runs (PID {running.pid}): nothing to relaunch")
         return 0
     record = _record(spec)
     gang_round = None
@@ -231,7 +253,8 @@ def resume(directory, phase="post-start"):
             say(phase, missing)
             return 1
     lock_path = _lock_path(spec)
-    went_on = _wait_for_lock(lock_path, POST_START_HOLDER, LEASE_SECONDS)
+    # a gang's member whose CT did not stop still has the lock of the pre-stop its peer asked for
+    went_on = _wait_for_lock(lock_path, POST_START_HOLDER, LEASE_SECONDS, takeover=PRE_STOP_HOLDER)
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
@@ -369,12 +392,14 @@ def main(argv, agent=None):
     directory = os.path.dirname(agent)
     phase = argv[0] if argv else ""
     if phase == "pre-stop":
-        return pre_stop(directory)
+        return pre_stop(directory, float(argv[1]) if len(argv) > 1 and argv[1] else None)
+    if phase == "peers":
+        return peers(directory)
     if phase == "post-start":
         return post_start(directory, agent)
     if phase == "resume":
         return resume(directory)
     if phase in ("pre-start", "post-stop"):
         return 0
-    sys.stderr.write(f"usage: hook pre-stop|post-start (pve-container's phases); got {phase!r}\n")
+    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|peers; got {phase!r}\n")
     return 2

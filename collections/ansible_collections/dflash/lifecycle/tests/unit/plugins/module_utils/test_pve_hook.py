@@ -103,6 +103,8 @@ def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_be
     assert params["resume_auto"] is True  # a run launched fresh resumes from the checkpoint the stop kept
     assert params["command"] == LAUNCH["command"] and params["secrets_env"] == LAUNCH["secrets_env"]
     assert params["lifecycle"]["stop"] == spec["stop"]
+    # what the relaunch keeps in its turn: the next Proxmox stop finds it all again
+    assert {key for key, value in params["lifecycle"].items() if value is None} == {"dir", "stage_models", "members"}
     gang = dict(spec, launch=dict(spec["launch"], gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "a",
                                                                "members": ["a", "b"]}))
     assert pve_hook.relaunch_params(gang, "1796490000")["gang_health"]["dir"] == \
@@ -122,7 +124,7 @@ def test_the_agent_runs_as_a_zip_application_and_says_what_it_does_in_a_ct_witho
         assert done.returncode == 0 and "no run launched by dflash.lifecycle in this CT" in done.stdout, done
     assert subprocess.run([sys.executable, agent, "pre-start"], check=False).returncode == 0
     wrong = subprocess.run([sys.executable, agent, "bogus"], capture_output=True, text=True, check=False)
-    assert wrong.returncode == 2 and "usage: hook pre-stop|post-start" in wrong.stderr
+    assert wrong.returncode == 2 and "usage: hook pre-stop [MOMENT]|post-start" in wrong.stderr
 
 
 def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys):
@@ -147,3 +149,16 @@ def test_a_gang_relaunches_once_every_member_is_up_since_the_newest_pause(tmp_pa
     monkeypatch.setattr(pve_hook, "GANG_POLL_SECONDS", 0.05)
     gang_round, missing = pve_hook.gang_meets(dict(b, members=["a", "b", "c"]), 0.2)
     assert gang_round is None and missing.startswith("a, c did not come back within 0 s") and "THE GANG STAYS DOWN" in missing
+
+
+def test_a_gang_members_hook_names_the_other_members_and_a_lone_cts_none(tmp_path, capsys):
+    directory = str(tmp_path / "lifecycle")
+    members = {"names": ["ct400", "ct401", "ct402"], "vmids": [400, 401, 402],
+               "addresses": ["10.1.2.6", "10.1.2.7", ""], "ports": [22, 22, 22]}
+    lifecycle = {"dir": directory, "stop": STOP, "members": members}
+    launch = dict(LAUNCH, gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "ct400", "members": members["names"]})
+    run_spec.record_launch(lifecycle, launch, 4242)
+    assert pve_hook.peers(directory) == 0
+    # itself left out, and a member whose node has no address cannot be reached
+    assert capsys.readouterr().out == "10.1.2.7 22 401 ct401\n"
+    assert pve_hook.peers(launched(tmp_path / "alone")) == 0 and capsys.readouterr().out == ""
