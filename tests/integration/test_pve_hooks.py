@@ -258,4 +258,7 @@ def test_6_someone_elses_hookscript_is_refused_never_overwritten_or_chained_to_w
                                                      "pve_hook_state": "absent"})
     assert removed.returncode == 0, removed.stdout[-3000:]
     assert hookscript(testbed) == "local:snippets/other.sh"  # theirs back, as it was
+    for node in (NODE, OTHER_NODE):  # ours stays: another CT may name it, and one whose script is gone cannot start
+        assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.sh"), os.X_OK)
+        assert not os.path.exists(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.d", f"{VMID}.chain"))
     os.unlink(phases)

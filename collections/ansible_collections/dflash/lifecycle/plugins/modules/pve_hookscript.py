@@ -21,7 +21,9 @@ description:
     script; the project's hookscript then runs it first, in every phase, with its exit status
     kept (a pre-start failure still aborts the start).
   - O(state=absent) removes the setting from the CT (the chained script, if any, is set back), or
-    the script and its chain files from the node.
+    the chain files of O(vmids) from the node. The script itself stays on the node - other CTs, this
+    node's or any that may migrate here, may name it, and a CT whose hookscript is missing cannot
+    start (pve-container's pre-start check dies); remove it by hand once no CT names it.
   - What the hookscript does is docs/pve-hooks.md of this project - C(pre-stop) stops the run in
     stages with its checkpoint before the CT stops, C(post-start) brings it back.
 options:
@@ -54,7 +56,7 @@ options:
     description: CT mode - the CT's hookscript of before, which the project's one runs first. Without it a CT with another hookscript is refused.
     type: str
   state:
-    description: V(present) installs or sets; V(absent) removes.
+    description: V(present) installs or sets; V(absent) unsets the CT's, or removes the chain files (never the script).
     type: str
     choices: [present, absent]
     default: present
@@ -178,7 +180,8 @@ def node_mode(module, p):
     chains_dir = os.path.join(folder, hookscript.CHAIN_DIR)
     result = {"path": path, "volume": hookscript.volume(p["storage"]), "chained": {}}
     if p["state"] == "absent":
-        changed = _remove(module, path)
+        # never the script: another CT may name it, and a CT whose hookscript is gone cannot start
+        changed = False
         for vmid in p["vmids"]:
             changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.chain"))
         module.exit_json(changed=changed, **result)
