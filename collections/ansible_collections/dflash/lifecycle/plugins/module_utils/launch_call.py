@@ -29,6 +29,14 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress, run_spec
 
+# the models staged between the stop and the launch, and before a relaunch after a CT restart
+STAGE_MODELS = {"type": "dict", "options": {
+    "models": {"type": "dict", "required": True},
+    "reserve_gb": {"type": "float", "default": 32},
+    "workers": {"type": "int", "default": 4},
+    "progress_file": {"type": "path"},
+}}
+
 ARGUMENT_SPEC = {
     "command": {"type": "list", "elements": "str", "required": True},
     "cwd": {"type": "path", "default": "/"},
@@ -73,12 +81,7 @@ ARGUMENT_SPEC = {
     "progress_file": {"type": "path"},
     "health_timeout": {"type": "float", "default": 300},
     "release_base": {"type": "path"},
-    "stage_models": {"type": "dict", "options": {
-        "models": {"type": "dict", "required": True},
-        "reserve_gb": {"type": "float", "default": 32},
-        "workers": {"type": "int", "default": 4},
-        "progress_file": {"type": "path"},
-    }},
+    "stage_models": STAGE_MODELS,
     "rollback_on_failure": {"type": "bool", "default": False},
     "rollback_launch": {"type": "dict", "options": {
         "wrapper_script": {"type": "str", "required": True},
@@ -96,7 +99,7 @@ ARGUMENT_SPEC = {
     "lifecycle": {"type": "dict", "options": {
         "dir": {"type": "path"},
         "stop": {"type": "dict", "default": {}},
-        "stage_models": {"type": "dict"},
+        "stage_models": STAGE_MODELS,
         "lock_path": {"type": "path"},
         "members": {"type": "dict", "options": {
             "names": {"type": "list", "elements": "str", "required": True},
@@ -331,11 +334,18 @@ def _relaunch_after_stop(params, relaunch):
             "msg": f"the release of before runs again from {relaunch['checkpoint']}: {again['msg']}"}
 
 
+def relaunch_options(params, **changes):
+    """The options that launch the release current points to again, resuming from the newest
+    checkpoint (a run launched fresh resumes too: a stop kept one): nothing stopped, staged,
+    activated or rolled back, unless changes say otherwise."""
+    return {**params, "stop_first": None, "stage_models": None, "activate": None, "rollback_on_failure": False,
+            "gang_stop": None, "resume_auto": not params["resumes"], **changes}
+
+
 def _relaunch(params):
     """The launch of the release current points to (the one of before), resuming from the newest
     checkpoint; a gang's in a rendezvous of its own (rollback_launch)."""
-    again = dict(params, stop_first=None, stage_models=None, activate=None, rollback_on_failure=False,
-                 gang_stop=None, resume_auto=not params["resumes"])
+    again = relaunch_options(params)
     other = params["rollback_launch"]
     if other:
         again["wrapper_script"] = other["wrapper_script"]

@@ -53,10 +53,6 @@ def say(phase, text):
     sys.stdout.flush()
 
 
-def _stamp(epoch):
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
-
-
 def _record(spec):
     return spec["launch"].get("change_record") or change_record.DEFAULT_PATH
 
@@ -72,7 +68,7 @@ def _gang(spec):
 
 
 def _stays_stopped(spec):
-    return (f"the run was stopped on purpose ({spec.get('wanted_by')} at {_stamp(spec.get('wanted_at') or 0)}): "
+    return (f"the run was stopped on purpose ({spec.get('wanted_by')} at {change_record.stamp(spec.get('wanted_at') or 0)}): "
             "it stays stopped")
 
 
@@ -143,6 +139,7 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
     began = time.time()
     result = staged_stop.run_in_module(options, lease=lease)
     checkpoint = result.get("checkpoint") or {}
+    kept = checkpoint.get("new") or checkpoint.get("newest")
     loss = result.get("loss") or {}
     words = result.get("msg") or "the stop said nothing"
     if went_on:
@@ -156,12 +153,12 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
             began=began, ended=time.time(), failed=failed)))
         stopped_by = result.get("stopped_by")
         run_spec.mark(directory, "running", PRE_STOP_HOLDER, paused={
-            "at": time.time(), "failed": failed, "checkpoint": checkpoint.get("new") or checkpoint.get("newest"),
+            "at": time.time(), "failed": failed, "checkpoint": kept,
             "steps_lost": loss.get("steps_lost"),
             "stopped_by": stopped_by.get("signal") or "the stop request" if isinstance(stopped_by, dict) else stopped_by})
         gang = _gang(spec)
         if gang:
-            _tell(gang, "paused", {"checkpoint": checkpoint.get("new") or checkpoint.get("newest")})
+            _tell(gang, "paused", {"checkpoint": kept})
         # the lock stays with the hook: no job starts a run in the moment before lxc-stop, and the
         # CT's stop wipes /run, lock and all (a CT that does not stop gets it back within the lease)
     except OSError as err:
@@ -182,9 +179,11 @@ def _heard(gang, state):
     words = {}
     for member in gang["members"]:
         try:
-            words[member] = read_json(os.path.join(gang["dir"], state, f"{member}.json"))
+            word = read_json(os.path.join(gang["dir"], state, f"{member}.json"))
         except (OSError, ValueError):
             continue
+        if word is not None:
+            words[member] = word
     return words
 
 
@@ -195,9 +194,9 @@ def gang_meets(gang, wait):
     deadline = time.monotonic() + wait
     while True:
         paused = _heard(gang, "paused")
-        since = max([(word or {}).get("at", 0) for word in paused.values()] or [0])
+        since = max([word.get("at", 0) for word in paused.values()] or [0])
         up = _heard(gang, "up")
-        missing = [member for member in gang["members"] if (up.get(member) or {}).get("at", 0) <= since]
+        missing = [member for member in gang["members"] if up.get(member, {}).get("at", 0) <= since]
         if not missing:
             return f"{since:.0f}", None
         if time.monotonic() >= deadline:
@@ -208,17 +207,14 @@ def gang_meets(gang, wait):
 
 def relaunch_params(spec, gang_round=None):
     """The launch options that bring the run back: its own, the model staged again, resuming from
-    the newest checkpoint (a run launched fresh resumes too: the stop before kept one), nothing
-    activated or rolled back (the release that ran is current); a gang's health words in a place of
-    the round's own."""
-    # the staging's options as trainer_process's argument spec fills them (the role gives only some)
-    stage = dict({"reserve_gb": 32, "workers": 4, "progress_file": None}, **spec["stage_models"]) \
-        if spec.get("stage_models") else None
-    params = dict(spec["launch"], stop_first=None, activate=None, gang_stop=None, rollback_on_failure=False,
-                  rollback_launch=None, progress_file=None, stage_models=stage,
-                  resume_auto=not spec["launch"].get("resumes"), refuse_busy=True,
-                  lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
-                             "lock_path": spec.get("lock_path"), "members": spec.get("members")})
+    the newest checkpoint (launch_call.relaunch_options); a gang's health words in a place of the
+    round's own."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
+
+    params = launch_call.relaunch_options(
+        spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
+        lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
+                   "lock_path": spec.get("lock_path"), "members": spec.get("members")})
     if gang_round and params.get("gang_health"):
         params["gang_health"] = dict(params["gang_health"],
                                      dir=os.path.join(params["gang_health"]["dir"], "ct-restarts", gang_round))
@@ -228,7 +224,6 @@ def relaunch_params(spec, gang_round=None):
 def resume(directory, phase="post-start"):
     """In the detached process post-start left: bring the run back. Returns the exit status."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
-
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
     spec = run_spec.read(directory)

@@ -151,7 +151,7 @@ options:
         different are copied. A staging that fails starts nothing (and, with O(rollback_on_failure),
         the release of before is relaunched).
     type: dict
-    suboptions:
+    suboptions: &stage_models
       models:
         description: Each target path in shared memory, mapped to its persistent copy.
         type: dict
@@ -248,6 +248,7 @@ options:
       stage_models:
         description: The models to stage into shared memory before the hook's relaunch, as O(stage_models).
         type: dict
+        suboptions: *stage_models
       lock_path:
         description: The CT's redeploy lock, which the hook holds while it stops or relaunches the run.
         type: path

@@ -23,7 +23,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import 
 DEFAULT_PATH = "/var/lib/dflash/last-change.json"
 
 
-def _stamp(epoch):
+def stamp(epoch):
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
@@ -77,7 +77,7 @@ def unattended(record, worker_running=False):
 
 def words(record, worker_running=False):
     """The record in one line."""
-    started = f"the {record.get('what') or 'change'} started at {_stamp(record.get('started_at') or 0)} " \
+    started = f"the {record.get('what') or 'change'} started at {stamp(record.get('started_at') or 0)} " \
               f"by {record.get('holder') or 'an unnamed job'}"
     if record.get("finished_at") is None:
         if worker_running:
@@ -86,7 +86,7 @@ def words(record, worker_running=False):
                 f"{record.get('worker')}) is gone; what runs now is what `make status` shows")
     how = "failed" if record.get("failed") else "finished"
     without = " without its controller" if record.get("controller") == "gone" else ""
-    return f"{started} {how}{without} at {_stamp(record['finished_at'])}: {record.get('outcome')}"
+    return f"{started} {how}{without} at {stamp(record['finished_at'])}: {record.get('outcome')}"
 
 
 def last(path, worker_running):

@@ -26,6 +26,7 @@ import os
 import sys
 import time
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
 
 DEFAULT_DIR = "/var/lib/dflash/lifecycle"
@@ -101,15 +102,15 @@ def summary(directory):
     spec = read(directory)
     if spec is None:
         return None
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(spec.get("wanted_at") or 0))
+    since = change_record.stamp(spec.get("wanted_at") or 0)
     if spec.get("wanted") == "running":
-        words = f"wanted running (since {spec.get('wanted_by')} at {stamp}): a CT start brings release " \
+        words = f"wanted running (since {spec.get('wanted_by')} at {since}): a CT start brings release " \
                 f"{spec.get('release') or '(current)'} back"
     else:
-        words = f"wanted stopped ({spec.get('wanted_by')} at {stamp}): a CT start leaves it down"
+        words = f"wanted stopped ({spec.get('wanted_by')} at {since}): a CT start leaves it down"
     paused = spec.get("paused")
     if paused:
-        words += (f"; the last Proxmox stop ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(paused['at']))}) "
+        words += (f"; the last Proxmox stop ({change_record.stamp(paused['at'])}) "
                   f"{'FAILED its stop' if paused.get('failed') else 'stopped it by ' + str(paused.get('stopped_by'))}, "
                   f"checkpoint {paused.get('checkpoint')}, {paused.get('steps_lost')} steps lost")
     return dict({key: spec.get(key) for key in ("wanted", "wanted_by", "wanted_at", "release", "paused")}, words=words)
