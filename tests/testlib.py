@@ -240,3 +240,9 @@ def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
                 "dflash_profile_interval": 20}
     return make_testbed_inventory(root, state_dir, {"gn1": f"{loopback}.1", "gn2": f"{loopback}.2"}, cts,
                                   settings, groups={GANG: {"vars": {"trainer_run_gang": GANG}, "hosts": ["ct400", "ct401"]}})
+
+
+# ends every run of a CT as a person would before a test's own: the runs' supervisors first (they
+# would restart a trainer ended under them), then the trainers; all of them processes of the testbed
+END_RUNS = ("for p in $(pgrep -f 'agent[.]zip supervise'); do kill -KILL $p; done; "
+            "for p in $(pgrep -f 'train_dflash_pipeline[.]py'); do kill -KILL $p; done")

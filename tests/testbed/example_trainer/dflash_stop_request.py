@@ -22,6 +22,9 @@ machine's file and one all-reduce (MAX) of a flag and of its mean step time tell
 whether any rank saw a request and when the next look is (every every_steps steps, or sooner,
 down to every step, when the slowest rank's steps are long), so every rank stops at the same
 step, whichever CT's request came first.
+
+Each look also gives the run's supervisor a heartbeat: local rank 0 touches ``<path>.alive`` (one
+utime), so a run that hangs between its progress lines is found by the beats that stopped.
 """
 
 import json
@@ -53,6 +56,21 @@ class StopRequest:
         self._logs = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0"
         if self.path and self._logs:
             self._log(f"{LINE} honoured path={self.path} pid={os.getpid()}")
+
+    def _beat(self):
+        """The supervisor's heartbeat: the mtime of <path>.alive is the last look."""
+        if not self._logs:
+            return
+        beat = f"{self.path}.alive"
+        try:
+            os.utime(beat)
+        except FileNotFoundError:
+            try:
+                open(beat, "a").close()
+            except OSError:
+                pass
+        except OSError:
+            pass
 
     def _read(self):
         """The request in the file, or None (absent, stale, half written or not ours)."""
@@ -86,6 +104,7 @@ class StopRequest:
             if last_step is not None and step - last_step < self.every_steps and now - last_time < self.every_seconds:
                 return False
             self._looked_at = (step, now)
+            self._beat()
             request = self._read()
             if request is None:
                 return False
@@ -96,6 +115,7 @@ class StopRequest:
                 return False
             import torch
 
+            self._beat()
             request = self._read()
             last_step, last_time = self._looked_at
             now = time.monotonic()

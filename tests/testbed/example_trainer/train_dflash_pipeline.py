@@ -23,6 +23,10 @@ Test-only misbehaviour switches (environment variables; never set in production)
                                       workers: SIGINT ignored, they hold the GPUs too)
   DFLASH_TEST_ORPHAN_WORKERS=1        workers outlive the trainer (reparented orphans)
   DFLASH_TEST_CRASH_AT_START=1        fail right after start-up, exit status 1
+  DFLASH_TEST_FAULT_FILE=PATH         a fault written into PATH while it runs: "raise" (an
+                                      exception at the next tenth step, once), "hang" (a
+                                      sleep in the loop, once), "crash-at-start" (every start
+                                      fails while PATH says so)
   DFLASH_TEST_CRASH_IN_PROGRESS_LINE=1  raise while formatting the first progress line (the
                                       traceback then shows that source line, "tok/s" in it)
   DFLASH_TEST_TEARDOWN_SECONDS=N      after an uncaught exception, stay alive N s before
@@ -558,6 +562,18 @@ def calibrate_c_call():
     return rounds / max(time.perf_counter() - begin, 1e-6)
 
 
+def fault(path):
+    """The fault the test asks for in the file at path (DFLASH_TEST_FAULT_FILE): raise (once, at
+    the next tenth step), hang (once: a sleep in the loop), crash-at-start (every start); None."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
 def train(args):
     env = os.environ
     os.makedirs(args.output_dir, exist_ok=True)
@@ -567,6 +583,9 @@ def train(args):
         f"secrets_in_env={sorted(k for k in ('WANDB_API_KEY', 'HF_TOKEN') if k in env)}")
     if env.get("DFLASH_TEST_CRASH_AT_START") == "1":
         raise RuntimeError("crash at start requested by DFLASH_TEST_CRASH_AT_START")
+    fault_file = env.get("DFLASH_TEST_FAULT_FILE")
+    if fault(fault_file) == "crash-at-start":  # every start while the file says so
+        raise RuntimeError(f"crash at start requested by {fault_file}")
     gpu_handles = open_gpus(args.target_gpus + args.drafter_gpus)  # noqa: F841
     model = Model()
     state = {"step": 0, "epoch": 0, "tokens": 0}
@@ -650,6 +669,14 @@ def train(args):
                 window_tokens, window_steps, window_start = 0, 0, time.perf_counter()
                 timings = dict.fromkeys(timings, 0.0)
                 peaks = dict.fromkeys(timings, 0.0)
+            wanted_fault = fault(fault_file) if state["step"] % 10 == 0 else None
+            if wanted_fault == "raise":  # once: the file goes with it
+                os.unlink(fault_file)
+                raise RuntimeError(f"a bad batch at step {state['step']} (raise requested by {fault_file})")
+            if wanted_fault == "hang":  # a sleep in the loop: alive, silent
+                os.unlink(fault_file)
+                while True:
+                    time.sleep(3600)
             if stop_agreed:  # every rank raises it at this step
                 raise KeyboardInterrupt
             if checkpointer.signals.stop_after_step:

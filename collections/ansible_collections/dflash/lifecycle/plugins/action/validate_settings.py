@@ -5,11 +5,11 @@ on the controller before anything is touched, each failure one line."""
 
 from __future__ import annotations
 
-
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang, role_variables, run_settings
 
 ARGUMENT_SPEC = {
@@ -44,6 +44,14 @@ class ActionModule(ActionBase):
             provided = {name: self._value(task_vars, name) for name in spec if name in task_vars}
             checked = ArgumentSpecValidator(spec).validate(provided)
             errors += [" ".join(str(m).split()) for m in checked.error_messages]
+        if "trainer_launch" in params["roles"] and not errors:
+            # the supervisor's numbers, by the rules its launch option has (module_utils/supervisor.py)
+            given = {key: self._value(task_vars, f"trainer_launch_supervise_{key}") for key in supervisor.RULES
+                     if f"trainer_launch_supervise_{key}" in task_vars}
+            if "trainer_launch_supervise_webhook" in task_vars:
+                given["webhook"] = self._value(task_vars, "trainer_launch_supervise_webhook")
+            errors += supervisor.policy_problems({key: _number(value) for key, value in given.items()},
+                                                 lambda key: f"trainer_launch_supervise_{key}")
         if params["settings"]:
             names = [n for n in defined if n.startswith("dflash_")]
             errors += run_settings.unknown(names)
@@ -84,3 +92,13 @@ class ActionModule(ActionBase):
             return self._templar.template(task_vars[name])
         except AnsibleError as err:
             raise AnsibleError(f"{name}: {' '.join(str(err).split())}") from None
+
+
+def _number(value):
+    """A number given as a string in an inventory ("10") as the argument spec reads it."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value

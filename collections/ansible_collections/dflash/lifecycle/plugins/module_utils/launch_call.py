@@ -26,6 +26,7 @@ import select
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress, run_spec
 
@@ -96,8 +97,12 @@ ARGUMENT_SPEC = {
         "on_missing_checkpoint": {"type": "str", "default": "fail"},
     }},
     "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
+    "supervise": supervisor.POLICY,
     "lifecycle": {"type": "dict", "options": {
         "dir": {"type": "path"},
+        "gang_base": {"type": "path"},
+        "rounds_dir": {"type": "path"},
+        "round": {"type": "int"},
         "stop": {"type": "dict", "default": {}},
         "stage_models": STAGE_MODELS,
         "lock_path": {"type": "path"},
@@ -135,8 +140,10 @@ def checked(options, where):
     if not isinstance(options, dict):
         raise InvalidLaunch(f"{where}: must be a mapping of dflash.lifecycle.trainer_process's options")
     validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(options)
-    if validated.error_messages:
-        raise InvalidLaunch("; ".join(f"{where}: {message}" for message in validated.error_messages))
+    messages = validated.error_messages or supervisor.policy_problems(
+        validated.validated_parameters.get("supervise") or {})
+    if messages:
+        raise InvalidLaunch("; ".join(f"{where}: {message}" for message in messages))
     # the secret values AnsibleModule itself takes from its own validation (basic.py reads the same)
     return validated.validated_parameters, validated._no_log_values
 
@@ -170,9 +177,13 @@ def run(params, check_mode, warn, lease=None):
     def without_controller(result):
         change_record.without_controller(params["change_record"], lease)
 
+    lifecycle = params.get("lifecycle") or {}
+    # the worker that started the trainer stays its parent: the run's supervisor (module_utils/supervisor.py)
+    after = (lambda result: supervisor.take_over(lifecycle["dir"], params["pidfile"])) \
+        if lifecycle.get("dir") and params.get("supervise") else None
     try:
         result, _adopted = detached.run(lambda: _transaction(params, exclude, lease), _state_dir(params), "launch",
-                                        lease=lease, on_orphaned=without_controller)
+                                        lease=lease, on_orphaned=without_controller, after=after)
     except (rundir.UnsafePath, OSError) as err:
         raise LaunchFailed(f"run_dir: {err}; nothing was stopped or started") from None
     if not _controller_attached():
@@ -186,6 +197,14 @@ def run(params, check_mode, warn, lease=None):
         result["trainer_running"] = trainer_finding.running(params["pidfile"], params["pattern"]) is not None
         raise LaunchFailed(result.pop("msg"), **result)
     return result
+
+
+def run_here(params, lease):
+    """The launch's transaction in this process, already detached (the supervisor's relaunch): the
+    trainer it starts is this process's child. Returns the result (failed: True inside)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+
+    return _transaction(params, proctable.ancestors(proctable.snapshot(), os.getpid()), lease)
 
 
 def _state_dir(params):

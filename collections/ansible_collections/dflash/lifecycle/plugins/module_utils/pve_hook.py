@@ -62,9 +62,10 @@ def _lock_path(spec):
 
 
 def _gang(spec):
-    """The gang's meeting place (dir, me, members) of a gang member's spec, or None."""
+    """The gang's meeting place (dir, me, members) of a gang member's spec, or None: under the
+    job's own, whatever rounds the supervisor's restarts went through since."""
     health = spec["launch"].get("gang_health")
-    return dict(health, dir=os.path.join(health["dir"], "ct-restarts")) if health else None
+    return dict(health, dir=os.path.join(spec.get("gang_base") or health["dir"], "ct-restarts")) if health else None
 
 
 def _stays_stopped(spec):
@@ -128,6 +129,10 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
         return 1
     options.lifecycle_dir = None  # this stop is Proxmox's: the run stays wanted
     options.signal_at = moment
+    try:  # the run's supervisor lets it end (module_utils/supervisor.py)
+        run_spec.stand_down(directory, PRE_STOP_HOLDER)
+    except OSError as err:
+        say(phase, f"the run's supervisor was not told ({err}): it may restart the run before the CT stops")
     record = _record(spec)
     lock_path = _lock_path(spec)
     went_on = _wait_for_lock(lock_path, PRE_STOP_HOLDER, options.graceful_wait_cap)
@@ -205,19 +210,19 @@ def gang_meets(gang, wait):
         time.sleep(GANG_POLL_SECONDS)
 
 
-def relaunch_params(spec, gang_round=None):
-    """The launch options that bring the run back: its own, the model staged again, resuming from
-    the newest checkpoint (launch_call.relaunch_options); a gang's health words in a place of the
-    round's own."""
+def relaunch_params(spec, health_dir=None):
+    """The launch options that bring the run back with no job (this hook's, the supervisor's): its
+    own, the model staged again, resuming from the newest checkpoint (launch_call.relaunch_options);
+    a gang's health words in health_dir, the relaunch's own place."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
 
     params = launch_call.relaunch_options(
         spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
         lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
-                   "lock_path": spec.get("lock_path"), "members": spec.get("members")})
-    if gang_round and params.get("gang_health"):
-        params["gang_health"] = dict(params["gang_health"],
-                                     dir=os.path.join(params["gang_health"]["dir"], "ct-restarts", gang_round))
+                   "lock_path": spec.get("lock_path"), "members": spec.get("members"),
+                   "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"), "round": spec.get("round")})
+    if health_dir and params.get("gang_health"):
+        params["gang_health"] = dict(params["gang_health"], dir=health_dir)
     return params
 
 
@@ -253,7 +258,7 @@ def resume(directory, phase="post-start"):
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
-    params = relaunch_params(spec, gang_round)
+    params = relaunch_params(spec, os.path.join(gang["dir"], gang_round) if gang else None)
     params["lifecycle"]["dir"] = directory
     lease = (lock_path, POST_START_HOLDER, LEASE_SECONDS)
     try:
@@ -394,7 +399,11 @@ def main(argv, agent=None):
         return post_start(directory, agent)
     if phase == "resume":
         return resume(directory)
+    if phase == "supervise":
+        from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
+
+        return supervisor.supervise(directory, agent)
     if phase in ("pre-start", "post-stop"):
         return 0
-    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|peers; got {phase!r}\n")
+    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|peers|supervise; got {phase!r}\n")
     return 2

@@ -191,6 +191,17 @@ lifecycle:
     last Proxmox stop - its checkpoint, steps lost) and C(words); null when the CT keeps no spec.
   returned: always
   type: dict
+supervisor:
+  description: >-
+    The run's supervisor (O(lifecycle_dir), docs/supervise.md) in one line - its state (watching, backing
+    off, relaunching, stood down, finished, DOWN, or GONE when its process is), the hang timeout it learned,
+    the restarts since the launch and each end's cause, checkpoint and diagnostics; null when the CT keeps no
+    state of one.
+  returned: always
+  type: str
+  sample: "watching trainer PID 812 (supervisor PID 790), a hang after 300.0 s without progress; 1 restarts
+    since the launch; ends: 2026-12-05 20:31:02 UTC crash: the trainer killed by SIGKILL, checkpoint
+    /workspace/ckpt/step_2000 -> trainer PID 812 healthy, resumed from /workspace/ckpt/step_2000"
 found:
   description: How the trainer was found, and why a pidfile was rejected.
   returned: always

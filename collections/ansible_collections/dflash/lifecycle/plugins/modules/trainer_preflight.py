@@ -164,6 +164,12 @@ options:
         RV(unattended_change), and marked as reported by this job (not in check mode).
     type: path
     default: /var/lib/dflash/last-change.json
+  lifecycle_dir:
+    description:
+      - The CT's lifecycle directory (the launch's C(lifecycle.dir)). The ends of the run its supervisor
+        restarted after since the last job asked are reported once in RV(supervisor_restarts), and marked as
+        reported by this job (not in check mode).
+    type: path
   throughput:
     description:
       - Read the running trainer's recent throughput from its log (the throughput canary's
@@ -363,6 +369,14 @@ unattended_change:
   type: str
   sample: "the redeploy started at 2026-12-05 20:19:40 UTC by root@vm ansible-playbook pid 15973 finished without
     its controller at 2026-12-05 20:19:47 UTC: trainer PID 4242 healthy"
+supervisor_restarts:
+  description: >-
+    The ends of the run its supervisor saw since the last job asked (crashes, hangs, failed relaunches) and what
+    it did, in one line; null when there were none.
+  returned: always
+  type: str
+  sample: "the supervisor saw 1 end(s) of the run since the last job: 2026-12-05 20:31:02 UTC crash: the trainer
+    killed by SIGKILL -> trainer PID 812 healthy, resumed from /workspace/ckpt/step_2000; now: watching"
 launch_deferred:
   description: Why O(launch) was not run in this call (a release to push, a model to stage, check mode), or null.
   returned: when O(launch) is set
@@ -379,7 +393,7 @@ release_status:
 import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight, supervisor
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, model_stage, proctable, progress, releases
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
@@ -418,6 +432,7 @@ def main():
                 "pattern": {"type": "str"},
             }},
             "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
+            "lifecycle_dir": {"type": "path"},
             "gang_marks": {"type": "dict", "options": {
                 "job": {"type": "str", "required": True},
                 "me": {"type": "str", "required": True},
@@ -481,6 +496,8 @@ def check(module):
         module.no_log_values.update(secrets)
     result = preflight.preflight(module.params)
     result["unattended_change"] = _unattended_change(module)
+    result["supervisor_restarts"] = supervisor.restarts_since(
+        module.params["lifecycle_dir"], mark=not module.check_mode) if module.params["lifecycle_dir"] else None
     if module.params["gang_marks"] and result["checkpoint"] is not None:
         result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
                                                                   module.params["gang_marks"], module.check_mode)

@@ -279,6 +279,73 @@ options:
             type: list
             elements: int
             required: true
+      gang_base:
+        description:
+          - Set by a relaunch without a job (the hook's, the supervisor's) - the gang's place of the job that
+            launched the run, under which its members meet after a CT restart. A job's launch leaves it unset.
+        type: path
+      rounds_dir:
+        description:
+          - Set by a relaunch without a job - where the supervisor counts the run's ends (O(supervise)). A job's
+            launch leaves it unset and the count begins afresh.
+        type: path
+      round:
+        description: Set by the supervisor's relaunch - the run's generation since the job's launch.
+        type: int
+  supervise:
+    description:
+      - The run's supervisor, with O(lifecycle.dir) set. Once the launch is healthy and its result delivered,
+        the detached worker that started the trainer becomes its supervisor (an exec of the agent kept in
+        O(lifecycle.dir): the trainer stays its child, so its exit status reaches it). It needs no change to
+        the trainer and outlives the controller.
+      - A B(crash) (the trainer's main process ends with a non-zero status or by a signal, with no stop asked for)
+        is recorded - the status or signal, the traceback from its log, the newest complete checkpoint - and
+        the run relaunched after a back-off, exactly as the launch's own relaunch does (the model restaged,
+        the GPUs waited for, resuming from the newest checkpoint).
+      - A B(hang) (no progress line, and no beat of the stop request's helper, for longer than the timeout
+        learned from the run's own intervals; never while a save is being written) has its diagnostics kept
+        first, then the run is stopped by the staged stop of O(lifecycle.stop) and relaunched.
+      - A stop someone asks for (M(dflash.lifecycle.staged_stop) with its C(lifecycle_dir), the Proxmox hook)
+        is never taken for a crash. A gang is supervised as one. Unset, no supervisor runs.
+      - docs/supervise.md has the whole contract.
+    type: dict
+    suboptions:
+      restart:
+        description: V(on-failure) restarts a crashed or hung run; V(never) records it and leaves it down.
+        type: str
+        choices: [never, on-failure]
+        default: on-failure
+      backoff_s:
+        description: The wait before the first restart within the crash-loop window; it doubles with each one.
+        type: float
+        default: 10
+      backoff_max_s:
+        description: The longest wait between restarts.
+        type: float
+        default: 360
+      crash_loop_restarts:
+        description: After this many restarts within O(supervise.crash_loop_window_s), the next end leaves the run down.
+        type: int
+        default: 5
+      crash_loop_window_s:
+        description: The window of the crash-loop count, seconds.
+        type: float
+        default: 3600
+      hang_floor_s:
+        description: The shortest hang timeout, seconds.
+        type: float
+        default: 300
+      hang_factor:
+        description: The hang timeout is this many times the longest interval the run has shown between beats.
+        type: float
+        default: 5
+      webhook:
+        description: An http(s) URL that gets a C(POST) of a JSON event on a crash, a hang, a crash loop and a run left down.
+        type: str
+      webhook_timeout_s:
+        description: The webhook's timeout; its POST runs in a process of its own and never holds a restart up.
+        type: float
+        default: 3
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode
@@ -633,11 +700,14 @@ log_tail:
   elements: str
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, supervisor
 
 
 def main():
     module = leased.LeasedModule(phase="launch", argument_spec=launch_call.ARGUMENT_SPEC, supports_check_mode=True)
+    problems = supervisor.policy_problems(module.params["supervise"] or {})
+    if problems:
+        module.fail_json(msg="; ".join(problems) + "; nothing was stopped or started")
     try:
         result = launch_call.run(module.params, module.check_mode, module.warn, module.worker_lease())
     except launch_call.LaunchFailed as err:

@@ -127,6 +127,8 @@ def summary(host, checked=None, manifest=None, preflight=None, install=None, sto
         "stopped_at": (stop or {}).get("signalled_at") if isinstance(stop, dict) else None,
         # a change to the run before this job that no controller saw end (the CT's worker finished it)
         "unattended_change": (preflight or {}).get("unattended_change") if isinstance(preflight, dict) else None,
+        # the crashes and hangs the CT's supervisor restarted since the last job
+        "supervisor_restarts": (preflight or {}).get("supervisor_restarts") if isinstance(preflight, dict) else None,
         # the gang this CT runs in (its own report says what the gang's state is)
         "gang": ((checked or {}).get("gang") or {}).get("name") if isinstance(checked, dict) else None,
     }
@@ -233,6 +235,8 @@ def report(data):
     lines = [head]
     if data.get("unattended_change"):
         lines.append(f"before this job, {data['unattended_change']}")
+    if data.get("supervisor_restarts"):
+        lines.append(f"before this job, {data['supervisor_restarts']}")
     lines.extend(data["model_words"])
     if data["errors"]:
         lines.append("; ".join(data["errors"]))

@@ -16,13 +16,16 @@ disk):
 - ``agent.zip``: the code of this collection that the launch ran (module_utils/pve_hook.py
   writes it), so the hook runs what launched the run, never an older copy;
 - ``hook``: the one command the node's hookscript runs in the CT,
-  ``pct exec <vmid> -- <dir>/hook <phase>``; it names the CT's Python interpreter.
+  ``pct exec <vmid> -- <dir>/hook <phase>``; it names the CT's Python interpreter;
+- ``stand-down.json``: written by every stop a person or a job asks for before its first signal,
+  so that the run's supervisor (module_utils/supervisor.py) never takes that stop for a crash.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -59,6 +62,18 @@ def _write(directory, spec):
     write_atomic(spec_path(directory), json.dumps(spec, sort_keys=True))
 
 
+def _new_rounds(directory, params):
+    """The supervisor's rounds of a run a job launched (module_utils/supervisor.py): a gang's in
+    the checkpoint directory its members share, under the job's own place; a CT alone's in its
+    lifecycle directory, the last run's rounds gone."""
+    health = params.get("gang_health")
+    if health:
+        return os.path.join(health["dir"], "supervise")
+    rounds = os.path.join(directory, "rounds")
+    shutil.rmtree(rounds, ignore_errors=True)
+    return rounds
+
+
 def record_launch(lifecycle, params, pid):
     """After a healthy launch of params (trainer_process's), PID pid: keep the run's spec and the hook
     command in lifecycle["dir"] (the agent beside them: pve_hook.write_agent). Raises OSError only."""
@@ -78,11 +93,46 @@ def record_launch(lifecycle, params, pid):
         "wanted_by": "the launch",
         "wanted_at": time.time(),
         "paused": before.get("paused"),  # the last Proxmox stop's account stays until the next one
+        # a relaunch without a job (the hook's, the supervisor's) keeps the gang's meeting places
+        # under the job's own, and the supervisor's rounds: a job's launch begins them afresh
+        "gang_base": lifecycle.get("gang_base") or (params.get("gang_health") or {}).get("dir"),
+        "rounds_dir": lifecycle.get("rounds_dir") or _new_rounds(directory, params),
+        "round": lifecycle.get("round") or 0,
     }
     _write(directory, spec)
     write_atomic(os.path.join(directory, "hook"),
                  f"#!/bin/sh\n# written by dflash.lifecycle's launch: the CT's side of its Proxmox hookscript\n"
                  f"exec {sys.executable} {os.path.join(directory, 'agent.zip')} \"$@\"\n", 0o700)
+
+
+def stand_down_path(directory):
+    return os.path.join(directory, "stand-down.json")
+
+
+def stand_down(directory, by):
+    """Before the first signal of a stop someone asked for: the run's supervisor stands down (the
+    trainer's exit is that stop's, not a crash); nothing in a CT no launch kept a spec in.
+    Raises OSError only."""
+    if not os.path.isdir(directory):
+        return
+    write_atomic(stand_down_path(directory), json.dumps({"at": time.time(), "by": by, "pid": os.getpid()}))
+
+
+def stand_down_cleared(directory):
+    """After a stop that left the trainer running: the supervisor watches it again."""
+    try:
+        os.unlink(stand_down_path(directory))
+    except FileNotFoundError:
+        pass
+
+
+def stood_down(directory, since):
+    """The stop asked for since epoch since (the trainer's start), or None."""
+    try:
+        marker = read_json(stand_down_path(directory))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and (marker.get("at") or 0) >= since else None
 
 
 def mark(directory, wanted, by, **fields):

@@ -19,13 +19,17 @@ controller that asked for it:
   within one lease (module_utils/ct/lock.py);
 - when its caller (the module process attached to the controller's connection) is gone by the
   time the work ends, on_orphaned(result) runs in the worker: nobody will read the result, so the
-  worker itself records that and gives back what the caller would have.
+  worker itself records that and gives back what the caller would have;
+- once its result is delivered and its keeper ended, after(result) runs in it: a launch's worker
+  becomes the run's supervisor there (module_utils/supervisor.py), the parent of the trainer it
+  started.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set, trainer_finding
@@ -77,26 +81,41 @@ def _read_result(state_dir, name, worker_pid):
     return record["result"]
 
 
-def _start_keeper(lease, me, pipe_w):
-    """Fork the process that keeps lease (path, holder, ttl) alive while this worker (me) runs.
-    A process, not a thread: the worker forks and execs the trainer (preexec_fn), which a thread
-    would make unsafe."""
+def start_keeper(lease, me, pipe_w=None):
+    """Fork the process that keeps lease (path, holder, ttl) alive while this worker (me) runs;
+    returns its PID (end_keeper ends it), None without one. A process, not a thread: the worker
+    forks and execs the trainer (preexec_fn), which a thread would make unsafe."""
     if not hasattr(os, "pidfd_open"):
-        return  # no keeper: each call of the job renews the lease, as before workers had one
+        return None  # no keeper: each call of the job renews the lease, as before workers had one
     worker_pidfd = os.pidfd_open(me.pid)
-    if os.fork() == 0:
+    keeper = os.fork()
+    if keeper == 0:
         status = 0
         try:
-            os.close(pipe_w)  # the caller's EOF must come when the worker ends, not its keeper
+            if pipe_w is not None:
+                os.close(pipe_w)  # the caller's EOF must come when the worker ends, not its keeper
             lock.keep_alive(lease, worker_pidfd, me.identity)
         except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
             status = 1
         finally:
             os._exit(status)
     os.close(worker_pidfd)
+    return keeper
 
 
-def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned):
+def end_keeper(keeper):
+    """End the keeper (its PID, ours) of a worker that goes on with other work: it renews the lease
+    for as long as the worker's PID lives, and an exec keeps the PID."""
+    if keeper is None:
+        return
+    try:
+        os.kill(keeper, signal.SIGTERM)
+        os.waitpid(keeper, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after):
     """In the worker: never returns."""
     status = 0
     try:
@@ -105,8 +124,7 @@ def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned):
             os.dup2(devnull, fd)
         me = proctable.read_process(os.getpid())
         write_atomic(_worker_file(state_dir, name), f"{me.pid} {me.starttime}\n")
-        if lease:
-            _start_keeper(lease, me, pipe_w)
+        keeper = start_keeper(lease, me, pipe_w) if lease else None
         try:
             os.write(pipe_w, f"{me.pid}\n".encode())
         except OSError:
@@ -119,17 +137,22 @@ def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned):
         os.unlink(_worker_file(state_dir, name))
         if on_orphaned is not None and not proctable.alive(caller):
             on_orphaned(result)
+        if after is not None:
+            os.close(pipe_w)  # the caller reads the result now
+            end_keeper(keeper)
+            after(result)
     except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
         status = 1
     finally:
         os._exit(status)
 
 
-def run(work, state_dir, name, lease=None, on_orphaned=None):
+def run(work, state_dir, name, lease=None, on_orphaned=None, after=None):
     """work() -> result dict, run detached. Returns (result, adopted): adopted is True when a
     worker started by an earlier call was still running and this call waited for it. lease:
     the job's lock (path, holder, ttl), kept alive while the worker runs; on_orphaned(result):
-    run in the worker when its caller is gone once the work ended."""
+    run in the worker when its caller is gone once the work ended; after(result): run in the
+    worker once its caller has the result (it may exec)."""
     secure_dir(state_dir)
     caller = proctable.read_process(os.getpid()).identity
     earlier = running_worker(state_dir, name)
@@ -143,7 +166,7 @@ def run(work, state_dir, name, lease=None, on_orphaned=None):
             os.close(pipe_r)
             os.setsid()
             if os.fork() == 0:
-                _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned)
+                _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after)
         finally:
             os._exit(0)
     os.close(pipe_w)

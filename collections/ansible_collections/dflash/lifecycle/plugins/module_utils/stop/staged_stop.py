@@ -136,11 +136,24 @@ def run_in_module(options, check_mode=False, lease=None):
     (the job's lock: path, holder, ttl) kept alive while it runs. Returns the result; a stop that
     did not end as asked has failed: True in it."""
     def stop():
+        asked = options.lifecycle_dir and not check_mode
+        notes = []
+        if asked:
+            # before the first signal: the run's supervisor takes the trainer's end for this stop's
+            # (module_utils/supervisor.py), never for a crash to restart
+            try:
+                run_spec.stand_down(options.lifecycle_dir, lease[1] if lease else "a job")
+            except OSError as err:
+                notes.append(f"lifecycle_dir: {err}; the run's supervisor may take this stop for a crash")
         try:
             result = run(options, check_mode=check_mode)
         except StopFailed as err:
             result = dict(err.result, failed=True)
-        if options.lifecycle_dir and not check_mode and not result.get("failed"):
+        if notes:
+            result.setdefault("notes", []).extend(notes)
+        if asked and result.get("failed") and trainer_finding.running(options.pidfile, options.pattern) is not None:
+            run_spec.stand_down_cleared(options.lifecycle_dir)  # it still runs: the supervisor watches it again
+        if asked and not result.get("failed"):
             # a stop asked for: the run stays down across the CT's restarts (module_utils/pve_hook.py)
             try:
                 run_spec.mark(options.lifecycle_dir, "stopped", f"the stop of {lease[1] if lease else 'a job'}")
