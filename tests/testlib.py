@@ -244,5 +244,5 @@ def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
 
 # ends every run of a CT as a person would before a test's own: the runs' supervisors first (they
 # would restart a trainer ended under them), then the trainers; all of them processes of the testbed
-END_RUNS = ("for p in $(pgrep -f 'agent[.]zip supervise'); do kill -KILL $p; done; "
-            "for p in $(pgrep -f 'train_dflash_pipeline[.]py'); do kill -KILL $p; done")
+END_SUPERVISORS = "for p in $(pgrep -f 'agent[.]zip supervise'); do kill -KILL $p; done"
+END_RUNS = f"{END_SUPERVISORS}; for p in $(pgrep -f 'train_dflash_pipeline[.]py'); do kill -KILL $p; done"

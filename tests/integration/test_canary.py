@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from testlib import BIN, REPO, TESTBED_INVENTORY, tool_env, trainer_source
+from testlib import BIN, END_RUNS, REPO, TESTBED_INVENTORY, tool_env, trainer_source
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
@@ -51,8 +51,7 @@ def pid(testbed, host):
 def running(testbed, tmp_path_factory):
     """ct200 and ct201 run the example trainer's default release, logging every 5 steps."""
     for host in CTS:
-        for trainer in in_ct(testbed, host, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-            in_ct(testbed, host, f"kill -KILL {trainer}", check=False)
+        in_ct(testbed, host, END_RUNS, check=False)  # the runs' supervisors first
         in_ct(testbed, host, "rm -rf /workspace/checkpoints")
     testbed.playbook(SEED, "-e", "seed_hosts=ct200,ct201")
     res = redeploy(testbed, "ct200,ct201", "-e", "redeploy_serial=2")

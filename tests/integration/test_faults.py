@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
+from testlib import BIN, END_RUNS, END_SUPERVISORS, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
 from test_staged_stop import CT, FAST_LADDER, NODE, OUT, PATTERN, VMID, ct, stop  # noqa: F401  (ct: fixture)
 
 EXTRA = os.environ.get("DFLASH_FAULT_EXTRA", "").split()  # to try variants by hand
@@ -128,8 +128,7 @@ def test_a_redeploy_whose_connection_dropped_in_its_stop_is_finished_by_the_cts_
     override = ["-e", json.dumps({"dflash_output_dir": out})]
     in_ct200 = functools.partial(in_ct, testbed, "pve1", 200)
     testbed.playbook(SEED, "-e", "seed_hosts=ct200")  # the model and data a launch needs
-    for pid in in_ct200("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-        in_ct200(f"kill -KILL {pid}", check=False)  # trainers of this testbed: ours
+    in_ct200(END_RUNS, check=False)  # the runs' supervisors first
     in_ct200(f"rm -rf {out} && cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
              f"--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir {out} "
              "--target-gpus 0,1 --drafter-gpus 2 --save-interval 300 --profile-interval 5 "
@@ -156,9 +155,7 @@ def test_a_redeploy_whose_connection_dropped_in_its_stop_is_finished_by_the_cts_
         assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
         assert len(in_ct200("pgrep -f 'train_dflash_pipeline[.]py'").stdout.split()) == 1
     finally:
-        in_ct200("kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid)", check=False)
-        for pid in in_ct200("pgrep -f '/root/train_dflash_pipeline[.]py'", check=False).stdout.split():
-            in_ct200(f"kill -KILL {pid}", check=False)
+        in_ct200(END_RUNS, check=False)  # the runs' supervisors first
         in_ct200(f"rm -rf {out}", check=False)
 
 
@@ -362,7 +359,7 @@ def test_a_launch_that_fails_in_the_preflights_call_is_rescued_as_any_failed_lau
 def test_a_full_disk_at_the_stop_fails_the_redeploy_and_states_the_loss(testbed):
     prepare_ct300(testbed)
     out_dir = "/workspace/ck-full"
-    in_ct300(testbed, f"kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid); mkdir -p {out_dir} && "
+    in_ct300(testbed, f"{END_SUPERVISORS}; kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid); mkdir -p {out_dir} && "
                       f"mount -t tmpfs -o size=512k tmpfs {out_dir}")
     try:
         # a run that checkpoints there only when it is stopped (no periodic saves to race with)
@@ -403,8 +400,7 @@ def test_a_failed_ct_stops_the_rollout_after_its_batch(testbed, tmp_path):
     testbed.playbook(SEED, "-e", "seed_hosts=ct200,ct201")
     prepare_ct300(testbed)
     in201 = functools.partial(in_ct, testbed, "pve1", 201)
-    for pid in in201("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-        in201(f"kill -KILL {pid}", check=False)
+    in201(END_RUNS, check=False)  # the runs' supervisors first
     in201("rm -f /run/dflash/trainer.pid; cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
           "--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir /workspace/checkpoints "
           "--target-gpus 0,1 --drafter-gpus 2 > /workspace/logs/legacy.log 2>&1 &")
@@ -420,5 +416,4 @@ def test_a_failed_ct_stops_the_rollout_after_its_batch(testbed, tmp_path):
         assert "stop failed" in out and "SIGINT is ignored by PID" in out
         assert in_ct300(testbed, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip() == untouched
     finally:
-        for pid in in201("pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-            in201(f"kill -KILL {pid}", check=False)
+        in201(END_RUNS, check=False)  # the runs' supervisors first

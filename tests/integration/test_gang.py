@@ -394,3 +394,31 @@ def test_12_one_member_rebooted_by_proxmox_stops_and_brings_back_the_whole_gang(
         assert record["failed"] is False, (host, record)
         agent, workers = gang.run(host)
         assert agent and len(workers) == 2 and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
+
+
+def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_supervisors(gang):
+    """One rank of ct401 killed (SIGKILL, as the OOM killer does): ct401's agent ends, and each CT's
+    supervisor says its member is down in the gang's round - ct400's ends its own run, whose ranks
+    wait in a collective for a peer that is gone, if its agent has not ended already. Once both are
+    down, both relaunch after one back-off into one rendezvous, resuming from the gang's newest
+    checkpoint: every rank runs again, counted once for the gang."""
+    old = {host: gang.run(host) for host in CTS}
+    assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
+    gang.sh("ct401", f"kill -KILL {old['ct401'][1][0]}")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        states = {host: json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json")) for host in CTS}
+        now = {host: gang.run(host) for host in CTS}
+        if all(s["state"] == "watching" and s["round"] == 1 and now[h][0] not in (None, old[h][0])
+               and len(now[h][1]) == 2 for h, s in states.items()):
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the gang did not come back whole: {states} "
+                             + gang.sh("ct400", "tail -n 8 /var/lib/dflash/lifecycle/supervisor.log"))
+    ends = {host: states[host]["ends"][-1] for host in CTS}
+    assert ends["ct401"]["cause"].startswith("crash: the trainer exited with status 1"), ends
+    assert ends["ct400"]["cause"].startswith(("crash: the trainer exited", "ct401 of the gang went down")), ends
+    # one back-off for the gang: both relaunches meet in round 1's rendezvous, resuming from one checkpoint
+    assert all(e["relaunch"].startswith("trainer PID") for e in ends.values()), ends
+    assert "resumed from /workspace/checkpoints/step_" in ends["ct400"]["relaunch"], ends

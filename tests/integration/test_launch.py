@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from testlib import REPO, example_settings
+from testlib import END_RUNS, REPO, example_settings
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.run_settings import argv as dflash_argv  # noqa: E402
 
@@ -26,8 +26,7 @@ def ready(testbed):
     def in_ct(command, check=True):
         return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
 
-    for pid in in_ct("pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
-        in_ct(f"kill -KILL {pid}", check=False)  # left by an interrupted earlier run
+    in_ct(END_RUNS, check=False)  # left by an interrupted earlier run, or another module's
     in_ct("mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > "
           "/dev/shm/models/target/config.json && echo 'some text' > /workspace/data/c.txt")
     testbed.playbook(ACTIVATE, "-e", json.dumps({"target": CT, "trainer_code_legacy_links": []}))
@@ -41,8 +40,7 @@ def launch(testbed, ready):
         extra_vars.setdefault("trainer_launch_health_seconds", 1)
         return testbed.playbook(START, "-l", CT, "-e", json.dumps(extra_vars), *extra, check=check)
     yield run
-    for pid in ready("pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
-        ready(f"kill -KILL {pid}", check=False)
+    ready(END_RUNS, check=False)  # the run's supervisor first: it would relaunch a trainer ended under it
     ready(f"rm -rf /run/dflash /workspace/checkpoints /tmp/pwned* {GPU_STATE}", check=False)
 
 

@@ -20,7 +20,7 @@ import shlex
 import ansible_runner
 import pytest
 
-from testlib import REPO, TESTBED_INVENTORY, TRAINER
+from testlib import END_RUNS, REPO, TESTBED_INVENTORY, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 VENV = os.path.join(REPO, ".venv-torch")
@@ -40,8 +40,7 @@ def trainers(testbed):
 
 
 def clean(testbed):
-    for pid in trainers(testbed):
-        sh(testbed, f"kill -KILL {pid}", check=False)
+    sh(testbed, END_RUNS, check=False)  # the runs' supervisors first
     sh(testbed, f"rm -rf {OUT} /run/dflash/trainer.pid /workspace/logs && mkdir -p {OUT} /workspace/logs")
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from testlib import BIN, REPO, task_ran, tool_env
+from testlib import BIN, END_RUNS, REPO, task_ran, tool_env
 
 CT, NODE, VMID = "ct201", "pve1", "201"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -85,8 +85,7 @@ def restarted(testbed):
     sh(testbed, f"echo {shlex.quote(json.dumps(index))} > {SOURCE}/model.safetensors.index.json")
     seal(testbed)
     yield
-    for pid in sh(testbed, "pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
-        sh(testbed, f"kill -KILL {pid}", check=False)
+    sh(testbed, END_RUNS, check=False)  # the runs' supervisors first
     testbed.ssh(NODE, f"pct set {VMID} --memory 4096", check=False)
     sh(testbed, f"rm -rf {SOURCE} /dev/shm/models /run/dflash /workspace/checkpoints", check=False)
 

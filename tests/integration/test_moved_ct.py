@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from testlib import BIN, REPO, TESTBED_INVENTORY, tool_env
+from testlib import BIN, END_RUNS, REPO, TESTBED_INVENTORY, tool_env
 
 CT, VMID, HOME_NODE, OTHER_NODE = "ct200", "200", "pve1", "pve2"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -39,8 +39,7 @@ def model_back(testbed, node):
 @pytest.fixture(scope="module")
 def moved(testbed, tmp_path_factory):
     """ct200 with a release and a checkpoint, stopped, then migrated from pve1 to pve2."""
-    for pid in in_ct(testbed, HOME_NODE, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-        in_ct(testbed, HOME_NODE, f"kill -KILL {pid}", check=False)
+    in_ct(testbed, HOME_NODE, END_RUNS, check=False)  # the runs' supervisors first
     model_back(testbed, HOME_NODE)
     in_ct(testbed, HOME_NODE, "mkdir -p /workspace/data && echo 'a b c d' > /workspace/data/corpus.txt")
     assert playbook(REDEPLOY, "-l", CT).returncode == 0
@@ -53,8 +52,7 @@ def moved(testbed, tmp_path_factory):
     try:
         yield {"before": before, "inventory": cluster_inventory(testbed, tmp_path_factory.mktemp("cluster"))}
     finally:
-        for pid in in_ct(testbed, OTHER_NODE, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split():
-            in_ct(testbed, OTHER_NODE, f"kill -KILL {pid}", check=False)
+        in_ct(testbed, OTHER_NODE, END_RUNS, check=False)  # the runs' supervisors first
         testbed.ssh(OTHER_NODE, f"pct migrate {VMID} {HOME_NODE} --restart", check=True)
         model_back(testbed, HOME_NODE)
 

@@ -11,7 +11,7 @@ import time
 import ansible_runner
 import pytest
 
-from testlib import BIN, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
+from testlib import BIN, END_RUNS, REPO, TESTBED_INVENTORY, TRAINER, task_ran, tool_env, trainer_source
 
 
 CTS = {"ct200": ("pve1", "200"), "ct201": ("pve1", "201"),
@@ -56,8 +56,7 @@ def pct_pushes(testbed):
 def seeded(testbed):
     """Every CT runs the seeded (legacy-path) trainer, as before the first redeploy."""
     for host in CTS:  # from scratch: no trainer, checkpoint or release left by other tests
-        for pid in trainer_pids(testbed, host):
-            in_ct(testbed, host, f"kill -KILL {pid}", check=False)
+        in_ct(testbed, host, END_RUNS, check=False)
         in_ct(testbed, host, "rm -rf /workspace/checkpoints /opt/dflash /root/train_dflash_pipeline.py*")
     testbed.playbook(SEED, "-e", "seed_hosts=dflash_trainers")
     return testbed
@@ -191,8 +190,7 @@ def test_failed_launch_rolls_back_and_relaunches_the_previous_release(seeded, tm
 def test_resume_auto_resumes_from_the_checkpoint_the_stop_wrote(seeded, tmp_path):
     """A young run with no checkpoint yet: the preflight finds none, the stop's SIGINT writes
     the first one, and the relaunch must resume from it rather than start from scratch."""
-    for pid in trainer_pids(seeded, "ct300"):
-        in_ct(seeded, "ct300", f"kill -KILL {pid}", check=False)
+    in_ct(seeded, "ct300", END_RUNS, check=False)
     in_ct(seeded, "ct300", "rm -rf /workspace/checkpoints")
     seeded.playbook(SEED, "-e", "seed_hosts=ct300")  # its first periodic checkpoint is 25 s away
     run, stats = runner(tmp_path, "ct300", {"trainer_launch_resume": "auto"})

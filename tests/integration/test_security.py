@@ -7,7 +7,7 @@ import subprocess
 
 import ansible_runner
 
-from testlib import REPO, TESTBED_INVENTORY, TRAINER
+from testlib import END_RUNS, END_SUPERVISORS, REPO, TESTBED_INVENTORY, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -50,7 +50,7 @@ def test_hostile_values_in_paths_args_env_and_file_names(testbed, tmp_path):
         # the literal directory (its name has a "/tmp/pwned2" inside): later searches for
         # pwned* files must not find it. The trainer this test launched writes its checkpoints
         # there, so it goes first (by the PID in its pidfile), or it would make the directory again.
-        in_ct(testbed, "pid=$(cut -d' ' -f1 /run/dflash/trainer.pid) && kill -KILL $pid && "
+        in_ct(testbed, f"{END_SUPERVISORS}; pid=$(cut -d' ' -f1 /run/dflash/trainer.pid) && kill -KILL $pid && "
                        "while kill -0 $pid 2>/dev/null; do sleep 0.05; done", check=False)
         in_ct(testbed, f"rm -rf {shlex.quote(hostile_dir.split('/tmp/')[0])}", check=False)
 
@@ -84,7 +84,7 @@ def test_secrets_stay_out_of_ps_logs_vvv_and_awx_artifacts(testbed, tmp_path):
 
 def test_planted_symlinks_are_not_followed(testbed):
     # a run directory that is a symlink (to a world-writable place) is refused, nothing written
-    in_ct(testbed, "for p in $(pgrep -f train_dflash_pipeline[.]py); do kill -KILL $p; done; "
+    in_ct(testbed, f"{END_RUNS}; "
                    "rm -rf /run/dflash /tmp/evil && mkdir -m 1777 /tmp/evil && "
                    "ln -s /tmp/evil /run/dflash")
     try:

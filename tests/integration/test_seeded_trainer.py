@@ -3,7 +3,7 @@
 import os
 import time
 
-from testlib import REPO
+from testlib import END_RUNS, REPO
 
 CT, NODE, VMID = "ct300", "pve2", "300"
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
@@ -14,8 +14,7 @@ def in_ct(testbed, command, check=True):
 
 
 def test_seeded_trainer_runs_checkpoints_on_sigint_and_resumes(testbed):
-    for leftover in in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py", check=False).stdout.split():
-        in_ct(testbed, f"kill -KILL {leftover}", check=False)  # e.g. one a redeploy test launched
+    in_ct(testbed, END_RUNS, check=False)  # the runs' supervisors first
     in_ct(testbed, "rm -rf /workspace/checkpoints /workspace/logs/train.log", check=False)
     try:
         res = testbed.playbook(SEED, "-e", f"seed_hosts={CT}")
@@ -48,6 +47,4 @@ def test_seeded_trainer_runs_checkpoints_on_sigint_and_resumes(testbed):
             time.sleep(0.2)
         assert f"/workspace/checkpoints/{latest}" in in_ct(testbed, "cat /workspace/logs/train.log").stdout
     finally:  # the trainers this test started, inside the CT, by PID
-        for leftover in in_ct(testbed, "pgrep -f train_dflash_pipeline[.]py",
-                              check=False).stdout.split():
-            in_ct(testbed, f"kill -KILL {leftover}", check=False)
+        in_ct(testbed, END_RUNS, check=False)  # the runs' supervisors first

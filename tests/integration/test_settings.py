@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from testlib import BIN, FIELD, REPO, task_ran, tool_env
+from testlib import BIN, END_RUNS, END_SUPERVISORS, FIELD, REPO, task_ran, tool_env
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 
@@ -44,14 +44,13 @@ def production(testbed, tmp_path):
         "ansible_ssh_private_key_file": bed.key,
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={bed.known_hosts} -o IdentitiesOnly=yes"}
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    for pid in trainer_pids(testbed, "pve1", 200):
-        in_ct(testbed, "pve1", 200, f"kill -KILL {pid}", check=False)
+    in_ct(testbed, "pve1", 200, END_RUNS, check=False)
     # the field's paths: the model in /dev/shm, the tokenized data, the checkpoints
     in_ct(testbed, "pve1", 200, "mkdir -p /dev/shm/Qwen3.6-27B /workspace/tokenized_completions && "
                                 "echo '{}' > /dev/shm/Qwen3.6-27B/config.json && "
                                 "echo tokens > /workspace/tokenized_completions/part-0")
     yield str(inventory)
-    in_ct(testbed, "pve1", 200, "kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid) 2>/dev/null; "
+    in_ct(testbed, "pve1", 200, f"{END_SUPERVISORS}; kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid) 2>/dev/null; "
                                 "rm -rf /dev/shm/Qwen3.6-27B /workspace/tokenized_completions", check=False)
 
 

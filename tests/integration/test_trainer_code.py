@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from testlib import REPO, TRAINER
+from testlib import END_SUPERVISORS, REPO, TRAINER
 
 CT, NODE, VMID = "ct301", "pve2", "301"
 BASE = "/opt/dflash-test"
@@ -97,7 +97,7 @@ def test_activate_rollback_and_legacy_link(code, testbed):
         relaunched = code.in_ct("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
         assert f"{BASE}/current/train_dflash_pipeline.py" in code.in_ct(f"ps -o args= -p {relaunched}").stdout
     finally:  # the relaunched trainer runs from BASE, which the fixture removes
-        code.in_ct("kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid)", check=False)
+        code.in_ct(f"{END_SUPERVISORS}; kill -KILL $(cut -d' ' -f1 /run/dflash/trainer.pid)", check=False)
 
 
 def test_syntax_error_leaves_trainer_and_current_alone(code):
@@ -119,7 +119,7 @@ def test_syntax_error_leaves_trainer_and_current_alone(code):
         assert code.in_ct(f"pgrep -f {BASE}/current/train_dflash_pipeline[.]py").stdout.strip() == pid
         assert code.in_ct(f"ls -a {BASE}/releases").stdout.count(".tmp-") == 0
     finally:
-        code.in_ct(f"kill -KILL {pid}", check=False)
+        code.in_ct(f"{END_SUPERVISORS}; kill -KILL {pid}", check=False)
 
 
 def test_check_mode_transfers_nothing(code):

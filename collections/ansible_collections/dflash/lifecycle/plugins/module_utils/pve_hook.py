@@ -220,7 +220,9 @@ def relaunch_params(spec, health_dir=None):
         spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
         lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
                    "lock_path": spec.get("lock_path"), "members": spec.get("members"),
-                   "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"), "round": spec.get("round")})
+                   # the run's next generation: the supervisor's rounds go on in a place of its own
+                   "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"),
+                   "round": (spec.get("round") or 0) + 1})
     if health_dir and params.get("gang_health"):
         params["gang_health"] = dict(params["gang_health"], dir=health_dir)
     return params

@@ -262,6 +262,19 @@ def _subreaper():
         pass
 
 
+def _exit_waiter(pid):
+    """A tick's wait that ends at once when the trainer exits (asleep in poll() on its pidfd where
+    the kernel and Python have them: a crash is seen within milliseconds, not a tick)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(os.pidfd_open(pid), select.POLLIN)
+    except (AttributeError, OSError):
+        return lambda: time.sleep(POLL_SECONDS)
+    return lambda: poller.poll(POLL_SECONDS * 1000)
+
+
 def _read_pidfile(path):
     """(pid, starttime, run_id) of the launch's pidfile, or None."""
     try:
@@ -421,8 +434,8 @@ def diagnostics(directory, launch, stop, main_pid):
     options = stop_options.StopOptions(stop)
     main = proctable.read_process(main_pid)
     processes = proctable.run_processes(main, proctable.snapshot()) if main else []
-    report = {"at": time.time(), "processes": [dict(ladder.diagnostics(p.identity, options, "/proc"),
-                                                   cmdline=p.cmdline[:300]) for p in processes]}
+    found = [dict(ladder.diagnostics(p.identity, options, "/proc"), cmdline=p.cmdline[:300]) for p in processes]
+    report = {"at": time.time(), "processes": found}
     smi = launch.get("nvidia_smi") or "/usr/bin/nvidia-smi"
     try:
         ran = subprocess.run([smi], capture_output=True, text=True, timeout=10, check=False)
@@ -447,11 +460,10 @@ def post_event(policy, event):
         return  # the watch loop reaps it
     status = 0
     try:
-        import urllib.request
+        from ansible.module_utils.urls import open_url
 
-        request = urllib.request.Request(url, data=json.dumps(event).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=float(policy["webhook_timeout_s"])).close()  # noqa: S310
+        open_url(url, data=json.dumps(event), method="POST", headers={"Content-Type": "application/json"},
+                 timeout=float(policy["webhook_timeout_s"])).close()
     except BaseException:  # noqa: BLE001  (a forked child must never return into the supervisor)
         status = 1
     finally:
@@ -500,6 +512,7 @@ def supervise(directory, agent):
     # finds the gang's hang, and its end stops this one
     armed = (rundir.read_launch_record(sup.launch["pidfile"]) or {}).get("first_progress_s") is not None
     saved_timeout = None
+    nap = _exit_waiter(pid)
     while True:
         try:
             status = _child_status(pid)
@@ -528,7 +541,7 @@ def supervise(directory, agent):
                          f"(the longest interval it showed: {max(watch.gaps) if watch.gaps else 'none yet'} s; "
                          f"timeout {timeout:.1f} s)")
                 return hung(sup, watch, cause, pid, since)
-        time.sleep(POLL_SECONDS)
+        nap()
 
 
 def _deliberate(sup, since):
@@ -695,7 +708,8 @@ def restart(sup, end):
                              f"and it ended again: {causes}")
         wait = backoff(sup.policy, count)
         due = first + wait
-        sup.save(state=f"backing off {wait:.0f} s (restart {count} within the window)", restart_due=due)
+        sup.save(state=f"backing off {wait:.0f} s (restart {count} within the window)", restart_due=due,
+                 backoff_s=wait)
         sup.say(f"{end['cause']}; restart {count} in {max(0.0, due - now):.1f} s")
         while time.time() < due:
             why = _ask_again(sup, since)
@@ -770,8 +784,8 @@ def relaunch(sup, since):
         _unlock(sup)
     if not result.get("failed"):
         resumed = (result.get("resume") or {}).get("path")
-        sup.say(f"the run is back: {result.get('msg')}, " + (f"resuming from {resumed}" if resumed else
-                                                              "with no checkpoint to resume from"))
+        sup.say(f"the run is back: {result.get('msg')}, "
+                + (f"resuming from {resumed}" if resumed else "with no checkpoint to resume from"))
         ends = sup.state.get("ends") or []
         if ends:
             ends[-1]["relaunch"] = f"{result.get('msg')}, resumed from {resumed}" if resumed else result.get("msg")

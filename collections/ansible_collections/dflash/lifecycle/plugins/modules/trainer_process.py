@@ -296,7 +296,7 @@ options:
     description:
       - The run's supervisor, with O(lifecycle.dir) set. Once the launch is healthy and its result delivered,
         the detached worker that started the trainer becomes its supervisor (an exec of the agent kept in
-        O(lifecycle.dir): the trainer stays its child, so its exit status reaches it). It needs no change to
+        O(lifecycle.dir) - the trainer stays its child, so its exit status reaches it). It needs no change to
         the trainer and outlives the controller.
       - A B(crash) (the trainer's main process ends with a non-zero status or by a signal, with no stop asked for)
         is recorded - the status or signal, the traceback from its log, the newest complete checkpoint - and

@@ -104,10 +104,13 @@ def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_be
     assert params["command"] == LAUNCH["command"] and params["secrets_env"] == LAUNCH["secrets_env"]
     assert params["lifecycle"]["stop"] == spec["stop"]
     # what the relaunch keeps in its turn: the next Proxmox stop finds it all again
-    assert {key for key, value in params["lifecycle"].items() if value is None} == {"dir", "stage_models", "members"}
+    assert {key for key, value in params["lifecycle"].items() if value is None} == {
+        "dir", "stage_models", "members", "gang_base"}
+    # the run's next generation: the supervisor's rounds go on where the job's launch began them
+    assert params["lifecycle"]["rounds_dir"] == spec["rounds_dir"] and params["lifecycle"]["round"] == spec["round"] + 1
     gang = dict(spec, launch=dict(spec["launch"], gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "a",
                                                                "members": ["a", "b"]}))
-    assert pve_hook.relaunch_params(gang, "1796490000")["gang_health"]["dir"] == \
+    assert pve_hook.relaunch_params(gang, "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000")["gang_health"]["dir"] == \
         "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000"
 
 

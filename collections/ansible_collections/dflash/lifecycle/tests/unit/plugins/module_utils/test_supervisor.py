@@ -1,0 +1,173 @@
+"""The supervisor's rules (module_utils/supervisor.py) without a CT: the policy's bounds, the
+back-off, the learned hang timeout, an exit status in words, the gang's rounds and their count,
+the beats a log and a heartbeat give, what status and the next redeploy say, and the stand-down a
+stop asked for leaves (module_utils/ct/run_spec.py)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
+
+POLICY = supervisor.policy_of({"supervise": {"backoff_s": 10, "backoff_max_s": 360, "hang_floor_s": 60, "hang_factor": 5}})
+
+
+@pytest.mark.parametrize("given, problem", [
+    ({"backoff_s": -1}, "supervise.backoff_s: -1 must be at least 0"),
+    ({"backoff_s": 10, "backoff_max_s": 5}, "supervise.backoff_max_s: 5 must be at least supervise.backoff_s (10)"),
+    ({"crash_loop_restarts": 0}, "supervise.crash_loop_restarts: 0 must be at least 1"),
+    ({"crash_loop_window_s": 0}, "supervise.crash_loop_window_s: 0 must be above 0"),
+    ({"hang_floor_s": 0}, "supervise.hang_floor_s: 0 must be above 0"),
+    ({"hang_factor": 0.5}, "supervise.hang_factor: 0.5 must be at least 1"),
+    ({"webhook_timeout_s": 60}, "supervise.webhook_timeout_s: 60 must be above 0 (and at most 30"),
+    ({"webhook": "ftp://x"}, "supervise.webhook: 'ftp://x' must be an http:// or https:// URL"),
+])
+def test_a_value_outside_its_rule_is_named(given, problem):
+    problems = supervisor.policy_problems(given)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_the_defaults_and_a_role_variables_names_hold():
+    assert supervisor.policy_problems(supervisor.policy_of({"supervise": {}})) == []
+    assert supervisor.policy_problems({"backoff_s": -2}, lambda key: f"trainer_launch_supervise_{key}") == [
+        "trainer_launch_supervise_backoff_s: -2 must be at least 0"]
+    assert supervisor.policy_of({}) is None, "a run launched without supervise has no supervisor"
+
+
+def test_the_back_off_doubles_from_its_first_wait_up_to_its_cap():
+    assert [supervisor.backoff(POLICY, n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 320, 360]
+
+
+def test_the_hang_timeout_is_learned_from_the_runs_own_intervals_with_a_floor_and_a_start_up_bound():
+    assert supervisor.hang_timeout(POLICY, [], startup=300) == 300, "no interval seen yet: the start-up bound"
+    assert supervisor.hang_timeout(POLICY, [2.0, 3.0], startup=300) == 60, "the floor"
+    assert supervisor.hang_timeout(POLICY, [20.0, 45.0, 30.0], startup=300) == 225, "five times the longest"
+
+
+def test_an_exit_status_is_said_with_its_code_or_signal():
+    assert supervisor.exit_words(1 << 8) == ("exited with status 1", {"signal": None, "code": 1})
+    assert supervisor.exit_words(signal.SIGKILL) == ("killed by SIGKILL", {"signal": "SIGKILL", "code": None})
+
+
+def _spec(directory, **launch):
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    base = {"pidfile": "/run/dflash/trainer.pid", "supervise": {"crash_loop_window_s": 600}, "log_file": "/x/train.log"}
+    spec = {"version": run_spec.VERSION, "launch": dict(base, **launch), "stop": {}, "wanted": "running",
+            "launched_at": time.time(), "round": 0, "rounds_dir": os.path.join(directory, "rounds")}
+    with open(run_spec.spec_path(directory), "w", encoding="utf-8") as handle:
+        json.dump(spec, handle)
+    return spec
+
+
+def test_a_gangs_rounds_count_once_for_every_member_and_give_one_clock(tmp_path):
+    shared = str(tmp_path / "ckpt" / ".dflash-gang" / "job" / "supervise")
+    members = []
+    for name in ("ct400", "ct401"):
+        _spec(str(tmp_path / name), gang_health={"dir": "x", "me": name, "members": ["ct400", "ct401"]})
+        sup = supervisor.Supervisor(str(tmp_path / name), "agent.zip")
+        sup.rounds_dir = shared
+        members.append(sup)
+    first, second = members
+    first.tell_down({"cause": "crash: the trainer killed by SIGKILL"})
+    assert set(second.downs()) == {"ct400"}
+    second.tell_down({"cause": "ct400 of the gang went down"})
+    count, clock = first.restarts_in_window(time.time())
+    assert (count, clock) == second.restarts_in_window(time.time()) and count == 1
+    assert clock == first.downs()["ct400"]["at"], "the round's first end: one back-off for the gang"
+    for sup in members:
+        sup.round = 1
+        sup.tell_down({"cause": "the relaunch failed"})
+    assert first.restarts_in_window(time.time())[0] == 2
+    assert first.restarts_in_window(time.time() + 3600)[0] == 0, "ends older than the window do not count"
+
+
+def test_a_job_launch_begins_a_lone_cts_rounds_afresh(tmp_path):
+    directory = str(tmp_path / "lifecycle")
+    os.makedirs(os.path.join(directory, "rounds", "0", "down"))
+    run_spec.record_launch({"dir": directory}, {"pidfile": "/run/dflash/trainer.pid"}, 42)
+    assert not os.path.exists(os.path.join(directory, "rounds")) and run_spec.read(directory)["round"] == 0
+    run_spec.record_launch({"dir": directory, "rounds_dir": os.path.join(directory, "rounds"), "round": 3},
+                           {"pidfile": "/run/dflash/trainer.pid"}, 43)
+    assert run_spec.read(directory)["round"] == 3, "the supervisor's relaunch keeps counting"
+
+
+def test_beats_come_from_progress_lines_and_the_helpers_heartbeat_and_teach_the_gaps(tmp_path):
+    log, beat = tmp_path / "train.log", tmp_path / "stop-request.alive"
+    log.write_text("head\n")
+    watch = supervisor.Watch.__new__(supervisor.Watch)
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
+    watch.progress, watch.reader = progress, progress.LogReader()
+    watch.log, watch.offset, watch.partial = str(log), log.stat().st_size, b""
+    watch.heartbeat, watch.heartbeat_at, watch.since = str(beat), 0.0, time.time() - 10
+    watch.gaps, watch.beats, watch.last_beat, watch.last_step = [], 0, 100.0, None
+    assert not watch.beat(101.0), "no new line, no heartbeat file"
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("step 10 loss 3.2 tok/s 300.0\nstep 2")  # the second line is half written
+    assert watch.beat(102.0) and watch.last_step == 10 and watch.gaps == [], "the first beat teaches no gap"
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("0 loss 3.1 tok/s 299.0\n")
+    assert watch.beat(104.5) and watch.last_step == 20 and watch.gaps == [2.5]
+    beat.write_text("")
+    assert watch.beat(105.0) and watch.gaps == [2.5, 0.5], "the helper's heartbeat is a beat"
+    assert not watch.beat(106.0), "the same heartbeat again is none"
+
+
+def test_status_and_the_next_redeploy_say_each_end_once(tmp_path):
+    directory = str(tmp_path)
+    end = {"cause": "crash: the trainer killed by SIGKILL", "at": time.time(), "checkpoint": "/ckpt/step_200",
+           "relaunch": "trainer PID 7 healthy, resumed from /ckpt/step_200"}
+    with open(supervisor.state_path(directory), "w", encoding="utf-8") as handle:
+        json.dump({"state": "watching", "supervisor": 999999999, "supervisor_start": 1, "ends": [end],
+                   "restarts": 1, "trainer": {"pid": 7}}, handle)
+    words = supervisor.words(directory)
+    assert words.startswith("GONE while watching (PID 999999999): the run is not supervised; 1 restarts since "
+                            "the launch; ends: "), words
+    assert "crash: the trainer killed by SIGKILL, checkpoint /ckpt/step_200 -> trainer PID 7 healthy" in words
+    said = supervisor.restarts_since(directory, mark=True)
+    assert said.startswith("the supervisor saw 1 end(s) of the run since the last job: ") and said.endswith(
+        "resumed from /ckpt/step_200; now: watching"), said
+    assert supervisor.restarts_since(directory) is None, "reported once"
+
+
+def test_a_stop_asked_for_leaves_a_stand_down_the_supervisor_reads(tmp_path):
+    directory = str(tmp_path)
+    assert run_spec.stood_down(directory, 0) is None
+    run_spec.stand_down(directory, "root@vm ansible-playbook pid 1")
+    marker = run_spec.stood_down(directory, time.time() - 5)
+    assert marker["by"] == "root@vm ansible-playbook pid 1"
+    assert run_spec.stood_down(directory, time.time() + 5) is None, "a stand-down older than the run is another run's"
+    run_spec.stand_down_cleared(directory)
+    assert run_spec.stood_down(directory, 0) is None
+    run_spec.stand_down(str(tmp_path / "none"), "a job")  # a CT with no spec: nothing to tell
+    assert not os.path.exists(tmp_path / "none")
+
+
+def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_the_caller_up():
+    import http.server
+    import threading
+
+    got = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            got.append((self.headers["Content-Type"], json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)  # loopback only
+    threading.Thread(target=server.handle_request, daemon=True).start()
+    policy = dict(POLICY, webhook=f"http://127.0.0.1:{server.server_port}/dflash", webhook_timeout_s=3)
+    began = time.monotonic()
+    event = {"event": "crash", "ct": "ct200", "cause": "crash: the trainer killed by SIGKILL"}
+    supervisor.post_event(policy, event)
+    assert time.monotonic() - began < 0.5, "the POST runs in a child: the caller goes on at once"
+    child_status = os.wait()[1]
+    server.server_close()
+    assert child_status == 0 and got == [("application/json", event)]
