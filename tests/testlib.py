@@ -246,3 +246,17 @@ def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
 # would restart a trainer ended under them), then the trainers; all of them processes of the testbed
 END_SUPERVISORS = "for p in $(pgrep -f 'agent[.]zip supervise'); do kill -KILL $p; done"
 END_RUNS = f"{END_SUPERVISORS}; for p in $(pgrep -f 'train_dflash_pipeline[.]py'); do kill -KILL $p; done"
+
+
+def wait_for(what, condition, timeout=120, said=lambda: ""):
+    """condition()'s first true value, asked every 0.3 s; AssertionError naming what (and what said()
+    tells then) when none came within timeout seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: not within {timeout} s\n{said()}")

@@ -19,7 +19,7 @@ import time
 import pytest
 import yaml
 
-from testlib import END_RUNS, REPO, TESTBED_INVENTORY, tool_env
+from testlib import END_RUNS, REPO, TESTBED_INVENTORY, tool_env, wait_for
 
 CT, NODE, OTHER_NODE, VMID = "ct300", "pve2", "pve1", "300"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -59,16 +59,6 @@ def log_text(testbed, before=False):
 
 def trainer_pids(testbed):
     return sh(testbed, "pgrep -f 'train_dflash_pipeline[.]py' || true", check=False).stdout.split()
-
-
-def wait_for(what, condition, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def progress_after(testbed, marker):
@@ -162,6 +152,11 @@ def test_2_a_proxmox_stop_keeps_the_checkpoint_with_0_steps_lost_and_its_start_b
     assert sh(testbed, "readlink /opt/dflash/current").stdout.strip() == release
     assert sh(testbed, f"test -f {TARGET}/model.safetensors", check=False).returncode == 0  # restaged
     assert len(trainer_pids(testbed)) == 1
+    # the run's supervisor let the hook's stop end the run (it did not relaunch it before the CT stopped),
+    # and the relaunch brought a supervisor of its own
+    supervised = sh(testbed, "cat /var/lib/dflash/lifecycle/supervisor.log").stdout
+    assert re.search(r"the trainer exited with status 130: the stop of Proxmox pre-stop hook at .*; standing down",
+                     supervised) and "restart 1 in" not in supervised.split("Proxmox pre-stop hook")[-1], supervised
     # the relaunch's worker ends once it measured the new run's throughput
     wait_for("the relaunch's end", lambda: '"finished_at": null' not in sh(testbed, "cat /var/lib/dflash/last-change.json").stdout)
     status = " ".join(make("status", f"HOST={CT}").stdout.split())

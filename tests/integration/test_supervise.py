@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from testlib import END_RUNS, REPO, tool_env
+from testlib import END_RUNS, REPO, tool_env, wait_for
 
 CT, NODE, VMID = "ct200", "pve1", 200
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -62,17 +62,6 @@ def state(testbed):
     return json.loads(sh(testbed, f"cat {LIFECYCLE}/supervisor.json").stdout)
 
 
-def wait_for(what, condition, timeout=60, testbed=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.3)
-    said = sh(testbed, f"tail -n 20 {LIFECYCLE}/supervisor.log", check=False).stdout if testbed else ""
-    raise AssertionError(f"{what}: not within {timeout} s\n{said}")
-
-
 def relaunched(testbed, old_pid):
     """The new trainer's PID once the supervisor's relaunch of the run is healthy (its state says
     watching a trainer other than old_pid)."""
@@ -80,7 +69,8 @@ def relaunched(testbed, old_pid):
         now = state(testbed)
         pid = (now.get("trainer") or {}).get("pid")
         return pid if now.get("state") == "watching" and pid != old_pid and trainer_pid(testbed) == pid else None
-    return wait_for("the relaunched run", watching, testbed=testbed)
+    return wait_for("the relaunched run", watching, 60,
+                    lambda: sh(testbed, f"tail -n 20 {LIFECYCLE}/supervisor.log", check=False).stdout)
 
 
 def log_after(testbed, pid):

@@ -57,7 +57,8 @@ def _record(spec):
     return spec["launch"].get("change_record") or change_record.DEFAULT_PATH
 
 
-def _lock_path(spec):
+def lock_path(spec):
+    """The CT's redeploy lock the run's spec names."""
     return spec.get("lock_path") or os.path.join(os.path.dirname(spec["launch"]["pidfile"]), "redeploy.lock")
 
 
@@ -73,7 +74,7 @@ def _stays_stopped(spec):
             "it stays stopped")
 
 
-def _wait_for_lock(path, holder, cap, takeover=None):
+def wait_for_lock(path, holder, cap, takeover=None):
     """Take the CT's redeploy lock for holder, waiting up to cap seconds for a job that holds it
     (its worker ends with the CT anyway); takeover: a holder whose lock may be taken once its worker
     is gone. Returns None once held, else the words of the holder it went on without."""
@@ -134,13 +135,13 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
     except OSError as err:
         say(phase, f"the run's supervisor was not told ({err}): it may restart the run before the CT stops")
     record = _record(spec)
-    lock_path = _lock_path(spec)
-    went_on = _wait_for_lock(lock_path, PRE_STOP_HOLDER, options.graceful_wait_cap)
+    ct_lock = lock_path(spec)
+    went_on = wait_for_lock(ct_lock, PRE_STOP_HOLDER, options.graceful_wait_cap)
     try:
         change_record.begin(record, PRE_STOP_HOLDER, "stop before Proxmox stops the CT", os.getpid())
     except OSError:
         pass
-    lease = None if went_on else (lock_path, PRE_STOP_HOLDER, LEASE_SECONDS)
+    lease = None if went_on else (ct_lock, PRE_STOP_HOLDER, LEASE_SECONDS)
     began = time.time()
     result = staged_stop.run_in_module(options, lease=lease)
     checkpoint = result.get("checkpoint") or {}
@@ -254,15 +255,15 @@ def resume(directory, phase="post-start"):
                 pass
             say(phase, missing)
             return 1
-    lock_path = _lock_path(spec)
+    ct_lock = lock_path(spec)
     # a gang's member whose CT did not stop still has the lock of the pre-stop its peer asked for
-    went_on = _wait_for_lock(lock_path, POST_START_HOLDER, LEASE_SECONDS, takeover=PRE_STOP_HOLDER)
+    went_on = wait_for_lock(ct_lock, POST_START_HOLDER, LEASE_SECONDS, takeover=PRE_STOP_HOLDER)
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
     params = relaunch_params(spec, os.path.join(gang["dir"], gang_round) if gang else None)
     params["lifecycle"]["dir"] = directory
-    lease = (lock_path, POST_START_HOLDER, LEASE_SECONDS)
+    lease = (ct_lock, POST_START_HOLDER, LEASE_SECONDS)
     try:
         result = launch_call.run(params, False, lambda note: say(phase, note), lease)
         resumed = (result.get("resume") or {}).get("path")
@@ -274,7 +275,7 @@ def resume(directory, phase="post-start"):
         return 1
     finally:
         try:
-            lock.release(lock_path, POST_START_HOLDER)
+            lock.release(ct_lock, POST_START_HOLDER)
         except OSError:
             pass
 

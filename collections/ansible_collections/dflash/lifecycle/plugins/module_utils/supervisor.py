@@ -630,31 +630,22 @@ def _stop(sup):
         _unlock(sup)
 
 
-def _lock(sup, wait=LEASE_SECONDS):
-    """The CT's redeploy lock for the supervisor (a job holding it is waited for up to wait
-    seconds); the lease, or the words of the holder."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+def _lock(sup):
+    """The CT's redeploy lock for the supervisor (a job holding it is waited for up to a lease);
+    the lease, or the words of the holder."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
 
-    path = sup.spec.get("lock_path") or os.path.join(os.path.dirname(sup.launch["pidfile"]), "redeploy.lock")
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            lock.take(path, HOLDER, LEASE_SECONDS, takeover=HOLDER)
-            return (path, HOLDER, LEASE_SECONDS)
-        except lock.LockHeld as err:
-            if time.monotonic() >= deadline:
-                return str(err).split(". ", maxsplit=1)[0]
-        except (OSError, ValueError) as err:
-            return f"lock_path: {err}"
-        time.sleep(1)
+    path = pve_hook.lock_path(sup.spec)
+    went_on = pve_hook.wait_for_lock(path, HOLDER, LEASE_SECONDS, takeover=HOLDER)
+    return went_on or (path, HOLDER, LEASE_SECONDS)
 
 
 def _unlock(sup):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
 
-    path = sup.spec.get("lock_path") or os.path.join(os.path.dirname(sup.launch["pidfile"]), "redeploy.lock")
     try:
-        lock.release(path, HOLDER)
+        lock.release(pve_hook.lock_path(sup.spec), HOLDER)
     except OSError:
         pass
 
