@@ -237,7 +237,9 @@ def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
                         "trainer_run_launcher_options": {"nproc_per_node": 2, "standalone": True}}
     settings = {"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": 2},
                 "trainer_run_python": TORCH_PYTHON, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
-                "dflash_profile_interval": 20}
+                "dflash_profile_interval": 20,
+                # a gang's crash relaunched after a short back-off (test_gang.py test 13)
+                "trainer_launch_supervise_backoff_s": 2}
     return make_testbed_inventory(root, state_dir, {"gn1": f"{loopback}.1", "gn2": f"{loopback}.2"}, cts,
                                   settings, groups={GANG: {"vars": {"trainer_run_gang": GANG}, "hosts": ["ct400", "ct401"]}})
 

@@ -210,13 +210,13 @@ def test_5_cts_that_see_different_checkpoint_directories_are_refused(gang):
 
 # the margin before the gang's moment, measured by the job, and how long before it the slowest CT was
 # ready (after it, on a machine loaded past the margin: then the report says the signal went late)
-MARGIN = (r"; margin (?P<margin>[0-9.]+) s, 1.5x the measured start of the stop, (?P<measured>[0-9.]+) s, "
+MARGIN = (r"; margin (?P<margin>[0-9.]+) s, 2x the measured start of the stop, (?P<measured>[0-9.]+) s, "
           r"(?:the slowest CT \(ct40[01]\) ready [0-9.]+ s before|ct40[01] ready only [0-9.]+ s after) the moment"
           r"(?: \(its signal went late\))?")
 
 
 def assert_margin_measured(found):
-    assert float(found.group("margin")) == max(0.5, round(1.5 * float(found.group("measured")), 2)), found.group(0)
+    assert float(found.group("margin")) == max(0.5, round(2 * float(found.group("measured")), 2)), found.group(0)
 
 
 def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang):
@@ -404,12 +404,15 @@ def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_super
     checkpoint: every rank runs again, counted once for the gang."""
     old = {host: gang.run(host) for host in CTS}
     assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
+    # the run's generation since the job's launch (the hook's relaunches of tests 11 and 12 count too)
+    rounds = {host: json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json"))["round"] for host in CTS}
+    assert len(set(rounds.values())) == 1, rounds
     gang.sh("ct401", f"kill -KILL {old['ct401'][1][0]}")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         states = {host: json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json")) for host in CTS}
         now = {host: gang.run(host) for host in CTS}
-        if all(s["state"] == "watching" and s["round"] == 1 and now[h][0] not in (None, old[h][0])
+        if all(s["state"] == "watching" and s["round"] == rounds[h] + 1 and now[h][0] not in (None, old[h][0])
                and len(now[h][1]) == 2 for h, s in states.items()):
             break
         time.sleep(1)
@@ -419,6 +422,6 @@ def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_super
     ends = {host: states[host]["ends"][-1] for host in CTS}
     assert ends["ct401"]["cause"].startswith("crash: the trainer exited with status 1"), ends
     assert ends["ct400"]["cause"].startswith(("crash: the trainer exited", "ct401 of the gang went down")), ends
-    # one back-off for the gang: both relaunches meet in round 1's rendezvous, resuming from one checkpoint
+    # one back-off for the gang: both relaunches meet in the next round's rendezvous, resuming from one checkpoint
     assert all(e["relaunch"].startswith("trainer PID") for e in ends.values()), ends
     assert "resumed from /workspace/checkpoints/step_" in ends["ct400"]["relaunch"], ends

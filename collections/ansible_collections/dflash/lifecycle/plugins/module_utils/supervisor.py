@@ -502,7 +502,7 @@ def supervise(directory, agent):
     pid, starttime, run_id = entry
     since = sup.spec.get("launched_at") or time.time()
     watch = Watch(sup.launch, pid, since, (sup.state.get("learned") or {}).get("gaps"))
-    sup.save(state="watching", trainer={"pid": pid, "run_id": run_id, "since": since},
+    sup.save(state="watching", why=None, trainer={"pid": pid, "run_id": run_id, "since": since},
              learned={"gaps": watch.gaps, "timeout_s": None})
     sup.say(f"watching trainer PID {pid} (run {run_id}), policy {json.dumps(sup.policy, sort_keys=True)}")
     startup = float(sup.launch.get("health_timeout") or 300)

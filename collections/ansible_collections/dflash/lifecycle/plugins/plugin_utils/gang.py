@@ -309,7 +309,7 @@ def _skew_words(spread, margin=None):
     if margin and margin.get("margin_s") is not None:
         words += f"; margin {margin['margin_s']} s, " + (
             "redeploy_gang_signal_margin" if margin.get("measured_s") is None
-            else f"1.5x the measured start of the stop, {margin['measured_s']} s")
+            else f"2x the measured start of the stop, {margin['measured_s']} s")
         if spread.get("spare"):
             host, spare = spread["spare"]
             words += (f", the slowest CT ({host}) ready {spare} s before the moment" if spare >= 0

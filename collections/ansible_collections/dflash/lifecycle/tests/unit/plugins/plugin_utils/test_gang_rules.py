@@ -232,9 +232,9 @@ def test_the_filters_read_the_members_results_through_hostvars():
     # the stop's report: each member's stop result, and the margin signal_moment chose for the batch
     for host, at, spare in (("a", 50.0, 0.9), ("b", 50.002, 0.4)):
         hostvars[host].update(trainer_stop_result=dict(stop("/c/step_20", step=20, signalled_at=at), signal_spare_s=spare),
-                              trainer_stop_signal_margin={"margin_s": 1.0, "measured_s": 0.8})
+                              trainer_stop_signal_margin={"margin_s": 1.6, "measured_s": 0.8})
     assert gang_filters.gang_stop_report("a", hostvars, GROUPS) == (
-        "gang big (2 CTs): stop signalled together (skew of the signals sent 2.0 ms, a first; margin 1.0 s, 1.5x the measured start of the "
+        "gang big (2 CTs): stop signalled together (skew of the signals sent 2.0 ms, a first; margin 1.6 s, 2x the measured start of the "
         "stop, 0.8 s, the slowest CT (b) ready 0.4 s before the moment) (a +0.0 ms, b +2.0 ms), checkpoint /c/step_20")
     with pytest.raises(AnsibleFilterError, match="not a CT of a gang"):
         gang_filters.gang_plan("solo", HostVars(solo={}), GROUPS)
@@ -264,9 +264,9 @@ def test_the_gang_report_says_release_skew_checkpoint_loss_and_each_ct():
     assert "checkpoint /c/step_20 (0 steps lost), every CT running" in gang.report(plan, raced, raced_stops)[0]
     # the margin before the gang's moment: measured, against the CT that was ready the least time before it
     spared = {"a": dict(stops["a"], signal_spare_s=0.912), "b": dict(stops["b"], signal_spare_s=0.644)}
-    assert "stop signalled together (skew of the signals sent 1.2 ms, a first; margin 1.15 s, 1.5x the measured start of the stop, 0.92 s, " \
+    assert "stop signalled together (skew of the signals sent 1.2 ms, a first; margin 1.84 s, 2x the measured start of the stop, 0.92 s, " \
            "the slowest CT (b) ready 0.644 s before the moment), checkpoint" in gang.report(
-               plan, summaries, spared, margin={"margin_s": 1.15, "measured_s": 0.92})[0]
+               plan, summaries, spared, margin={"margin_s": 1.84, "measured_s": 0.92})[0]
     late = dict(spared, b=dict(spared["b"], signal_spare_s=-0.31))
     assert "margin 3.0 s, redeploy_gang_signal_margin, b ready only 0.31 s after the moment (its signal went late))" \
         in gang.report(plan, summaries, late, margin={"margin_s": 3.0, "measured_s": None})[0]
