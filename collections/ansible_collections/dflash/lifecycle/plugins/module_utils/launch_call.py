@@ -276,7 +276,7 @@ def _steps(params, exclude, phase):
             raise
     if gang:
         phase("gang agreement")
-        agreed = gang_agreement.agree(gang, done.get("stop"), lambda: _newest_complete(params))
+        agreed = gang_agreement.agree(gang, done.get("stop"), lambda: newest_complete(params))
         done["gang_stop"] = {key: agreed[key] for key in ("checkpoint", "problems", "after")}
         if agreed["problems"]:
             phase("relaunch")
@@ -300,7 +300,7 @@ def _steps(params, exclude, phase):
         raise
 
 
-def _newest_complete(params):
+def newest_complete(params):
     """The newest complete checkpoint in the run's directory, as this CT sees it now."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 

@@ -169,6 +169,7 @@ class Supervisor:
         self.members = health["members"] if health else [self.me]
         self.rounds_dir = self.spec.get("rounds_dir") or os.path.join(directory, "rounds")
         self.round = int(self.spec.get("round") or 0)
+        self.start = proctable.read_process(os.getpid()).starttime  # with the PID, what status checks alive
 
     # -- bookkeeping
 
@@ -189,7 +190,7 @@ class Supervisor:
             pass
 
     def save(self, **fields):
-        self.state.update(fields, supervisor=os.getpid(), supervisor_start=_starttime(os.getpid()),
+        self.state.update(fields, supervisor=os.getpid(), supervisor_start=self.start,
                           launched_at=self.spec.get("launched_at"), round=self.round, updated_at=time.time())
         try:
             write_atomic(state_path(self.directory), json.dumps(self.state))
@@ -247,11 +248,6 @@ class Supervisor:
         return counted, first if first is not None else now
 
 
-def _starttime(pid):
-    proc = proctable.read_process(pid)
-    return proc.starttime if proc else None
-
-
 def _subreaper():
     """Descendants left behind (a launcher's workers) are reparented to us and reaped."""
     try:
@@ -276,38 +272,41 @@ def _exit_waiter(pid):
 
 
 def _read_pidfile(path):
-    """(pid, starttime, run_id) of the launch's pidfile, or None."""
+    """The launch's pidfile (rundir.Pidfile) when it names a process by its start time, else None.
+    rundir's reader, not trainer_finding's: a watching supervisor never imports the stop's options."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import rundir
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            fields = handle.read().split()
-    except OSError:
+        entry = rundir.read_pidfile(path)
+    except (OSError, ValueError):
         return None
-    if len(fields) < 2 or not fields[0].isdigit() or not fields[1].isdigit():
-        return None
-    return int(fields[0]), int(fields[1]), fields[2] if len(fields) > 2 else None
+    return entry if entry is not None and entry.starttime is not None else None
 
 
-def _child_status(pid):
-    """The waitpid status of our child pid once it ended, None while it runs; reaps every other
-    child that ended (a webhook's, a launcher's worker reparented to us). ChildProcessError when pid
-    is no child of ours."""
+def _reap(pid=None):
+    """Reap every child that ended (a webhook's, a launcher's worker reparented to us); the waitpid
+    status of pid when it was among them, else None."""
     found = None
     while True:
         try:
             ended, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            break
+            return found
         if ended == 0:
-            break
+            return found
         if ended == pid:
             found = status
-    if found is None:
-        os.kill(pid, 0)  # ProcessLookupError: gone, and reaped by someone else (not ours)
-        with open(f"/proc/{pid}/status", encoding="utf-8") as handle:
-            ppid = next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
-        if ppid != os.getpid():
-            raise ChildProcessError(f"PID {pid} is not a child of the supervisor (its parent is {ppid})")
-    return found
+
+
+def _not_our_child(pid):
+    """Why pid is not a child of ours (an ended one not reaped yet is), or None: only a parent learns
+    its exit status, and a child stays ours until we reap it, so this is asked once."""
+    proc = proctable.read_process(pid)
+    if proc is None:
+        return f"PID {pid} is gone"
+    if proc.ppid != os.getpid():
+        return f"PID {pid} is not a child of the supervisor (its parent is {proc.ppid})"
+    return None
 
 
 # -- watching ---------------------------------------------------------------------------------
@@ -400,16 +399,16 @@ class Watch:
 
 
 def newest_checkpoint(launch):
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+    """The newest complete checkpoint of the run by its layout (the launch's own rule), or None; a
+    directory that cannot be read names none rather than ending the supervisor."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
 
     if not launch.get("checkpoint_dir"):
         return None
     try:
-        done = checkpoints.Directory(launch["checkpoint_dir"], launch["checkpoint_format"],
-                                     launch.get("checkpoint_custom")).complete()
+        return launch_call.newest_complete(launch)
     except (OSError, ValueError):
         return None
-    return os.path.join(launch["checkpoint_dir"], done[-1][0]) if done else None
 
 
 def save_under_way(launch):
@@ -481,11 +480,8 @@ def take_over(directory, pidfile):
     entry = _read_pidfile(pidfile)
     if not spec or policy_of(spec["launch"]) is None or not os.path.exists(agent) or entry is None:
         return
-    try:
-        if _child_status(entry[0]) is not None:
-            return  # it ended already: the launch said how
-    except (ChildProcessError, OSError, StopIteration, ValueError):
-        return
+    if _not_our_child(entry.pid) or _reap(entry.pid) is not None:
+        return  # not ours, or it ended already: the launch said how
     os.execv(sys.executable, [sys.executable, agent, "supervise"])
 
 
@@ -499,7 +495,7 @@ def supervise(directory, agent):
     if entry is None:
         sup.say("no pidfile: nothing to supervise")
         return 0
-    pid, starttime, run_id = entry
+    pid, run_id = entry.pid, entry.run_id
     since = sup.spec.get("launched_at") or time.time()
     watch = Watch(sup.launch, pid, since, (sup.state.get("learned") or {}).get("gaps"))
     sup.save(state="watching", why=None, trainer={"pid": pid, "run_id": run_id, "since": since},
@@ -511,15 +507,15 @@ def supervise(directory, agent):
     # a gang's member whose ranks log nothing (no global rank 0) has no beat to miss: rank 0's CT
     # finds the gang's hang, and its end stops this one
     armed = (rundir.read_launch_record(sup.launch["pidfile"]) or {}).get("first_progress_s") is not None
+    lost = _not_our_child(pid)
+    if lost:
+        sup.say(f"lost its trainer: {lost}")
+        sup.save(state="stood down", why=f"lost the trainer: {lost}")
+        return 1
     saved_timeout = None
     nap = _exit_waiter(pid)
     while True:
-        try:
-            status = _child_status(pid)
-        except (ChildProcessError, ProcessLookupError) as err:
-            sup.say(f"lost its trainer: {err}")
-            sup.save(state="stood down", why=f"lost the trainer (PID {pid}): {err}")
-            return 1
+        status = _reap(pid)
         now = time.time()
         if status is not None:
             return ended(sup, watch, exit_words(status), since)
@@ -587,7 +583,7 @@ def hung(sup, watch, cause, pid, since):
     if sup.policy["restart"] == "never":
         sup.remember({"cause": cause, "at": time.time(), "kind": "hang", "diagnostics": path})
         sup.save(state="hung, left running (restart: never)")
-        while _child_status(pid) is None and run_spec.stood_down(sup.directory, since) is None:
+        while _reap(pid) is None and run_spec.stood_down(sup.directory, since) is None:
             time.sleep(POLL_SECONDS)
         return 0
     return stop_and_restart(sup, watch, cause, since, diagnostics_path=path, kind="hang")
@@ -671,8 +667,8 @@ def _ask_again(sup, since):
     if deliberate:
         return deliberate
     entry = _read_pidfile(sup.launch["pidfile"])
-    if entry is not None and proctable.alive(entry[:2]):
-        return f"a trainer runs again (PID {entry[0]}), started by someone else"
+    if entry is not None and proctable.alive((entry.pid, entry.starttime)):
+        return f"a trainer runs again (PID {entry.pid}), started by someone else"
     return None
 
 
@@ -684,11 +680,9 @@ def restart(sup, end):
     post_event(sup.policy, {"event": end["kind"], "ct": sup.me, "cause": end["cause"], "checkpoint": end.get("checkpoint")})
     if sup.policy["restart"] == "never":
         return down(sup, f"{end['cause']} (restart: never)")
-    sup.tell_down({"cause": end["cause"]})
-    if len(sup.members) > 1:
-        missing = _gang_down(sup)
-        if missing:
-            return down(sup, f"{end['cause']}; {missing}")
+    missing = _gone_down(sup, end)
+    if missing:
+        return down(sup, f"{end['cause']}; {missing}")
     while True:
         now = time.time()
         count, first = sup.restarts_in_window(now)
@@ -715,20 +709,16 @@ def restart(sup, end):
         end = dict(outcome, at=time.time())
         sup.remember(end)
         sup.round += 1
-        sup.tell_down({"cause": end["cause"]})
-        if len(sup.members) > 1:
-            missing = _gang_down(sup)
-            if missing:
-                return down(sup, f"{end['cause']}; {missing}")
+        missing = _gone_down(sup, end)
+        if missing:
+            return down(sup, f"{end['cause']}; {missing}")
 
 
-def _reap():
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
+def _gone_down(sup, end):
+    """This member's end in its round (the count and the back-off's clock are read there); for a
+    gang, once every member is down: words of the members that never went down, else None."""
+    sup.tell_down({"cause": end["cause"]})
+    return _gang_down(sup) if len(sup.members) > 1 else None
 
 
 def _gang_down(sup):

@@ -11,6 +11,7 @@ which every CT-side module of a redeploy takes, imports nothing else.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import stat
@@ -63,6 +64,23 @@ def write_atomic(path, text, mode=0o600):
 
 
 LAUNCH_RECORD = "launch.json"
+
+Pidfile = collections.namedtuple("Pidfile", "pid starttime mtime run_id")
+
+
+def read_pidfile(path):
+    """The Pidfile at path (``PID STARTTIME [RUN_ID]``, the launch's), or None when there is none;
+    ValueError when it does not start with a PID."""
+    try:
+        with open(path) as handle:
+            fields = handle.read().split()
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+    if not fields or not fields[0].isdigit():
+        raise ValueError(f"{path} does not start with a PID")
+    starttime = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return Pidfile(int(fields[0]), starttime, mtime, fields[2] if len(fields) > 2 else None)
 
 
 class ProgressFile:

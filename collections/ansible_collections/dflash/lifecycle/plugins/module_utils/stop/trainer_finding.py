@@ -10,14 +10,11 @@ unless the caller says which one: a stop never guesses.
 
 from __future__ import annotations
 
-import collections
 import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter, StopOptions
-
-Pidfile = collections.namedtuple("Pidfile", "pid starttime mtime run_id")
 
 
 class Ambiguous(Exception):
@@ -29,17 +26,11 @@ class Ambiguous(Exception):
 
 
 def read_pidfile(path):
-    """The Pidfile at path, or None when there is none."""
+    """The rundir.Pidfile at path, or None when there is none."""
     try:
-        with open(path) as handle:
-            fields = handle.read().split()
-        mtime = os.stat(path).st_mtime
-    except FileNotFoundError:
-        return None
-    if not fields or not fields[0].isdigit():
-        raise InvalidParameter(f"pidfile: {path} does not start with a PID")
-    starttime = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return Pidfile(int(fields[0]), starttime, mtime, fields[2] if len(fields) > 2 else None)
+        return rundir.read_pidfile(path)
+    except ValueError as err:
+        raise InvalidParameter(f"pidfile: {err}") from None
 
 
 def pidfile_process(path, pattern, table, proc_root):
