@@ -139,7 +139,10 @@ def test_3_a_silent_trainer_is_declared_hung_within_a_few_intervals_diagnosed_an
     found = re.match(r"hung: no progress line or heartbeat for ([\d.]+) s \(the longest interval it showed: "
                      r"([\d.]+) s; timeout ([\d.]+) s\)", end["cause"])
     assert found, end
-    silent, interval, timeout = map(float, found.groups())
+    # the words' figures are the end's, rounded: the exact ones tell a silence just past its timeout
+    assert [float(figure) for figure in found.groups()] == [round(end["silent_s"], 2), end["interval_s"],
+                                                          round(end["timeout_s"], 2)], end
+    silent, interval, timeout = end["silent_s"], end["interval_s"], end["timeout_s"]
     # declared at the first tick past the learned timeout: a few of its own intervals
     assert abs(timeout - max(FLOOR_S, FACTOR * interval)) < 0.05 and timeout < silent <= timeout + 1.5, end
     report = json.loads(sh(testbed, f"cat {shlex.quote(end['diagnostics'])}").stdout)

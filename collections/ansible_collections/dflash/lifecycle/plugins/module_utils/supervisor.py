@@ -533,10 +533,12 @@ def supervise(directory, agent):
             if watch.log is None and now - since > startup:
                 watch.find_log()
             if silent > timeout and (armed or watch.heartbeat_at) and not save_under_way(sup.launch):
-                cause = (f"hung: no progress line{' or heartbeat' if watch.heartbeat_at else ''} for {silent:.1f} s "
-                         f"(the longest interval it showed: {max(watch.gaps) if watch.gaps else 'none yet'} s; "
-                         f"timeout {timeout:.1f} s)")
-                return hung(sup, watch, cause, pid, since)
+                # the figures exact beside the words: a silence just past its timeout reads alike in both
+                silence = {"silent_s": silent, "timeout_s": timeout, "interval_s": max(watch.gaps) if watch.gaps else None}
+                cause = (f"hung: no progress line{' or heartbeat' if watch.heartbeat_at else ''} for {silent:.2f} s "
+                         f"(the longest interval it showed: {silence['interval_s'] or 'none yet'} s; "
+                         f"timeout {timeout:.2f} s)")
+                return hung(sup, watch, cause, pid, since, silence)
         nap()
 
 
@@ -572,7 +574,7 @@ def ended(sup, watch, how, since):
                          "checkpoint": newest_checkpoint(sup.launch), "at": time.time(), "kind": "crash"})
 
 
-def hung(sup, watch, cause, pid, since):
+def hung(sup, watch, cause, pid, since, silence):
     path = None
     try:
         path = diagnostics(sup.directory, sup.launch, sup.spec["stop"], pid)
@@ -581,15 +583,15 @@ def hung(sup, watch, cause, pid, since):
         sup.say(f"{cause}; its diagnostics could not be kept: {err}")
     post_event(sup.policy, {"event": "hang", "ct": sup.me, "cause": cause, "diagnostics": path})
     if sup.policy["restart"] == "never":
-        sup.remember({"cause": cause, "at": time.time(), "kind": "hang", "diagnostics": path})
+        sup.remember(dict(silence, cause=cause, at=time.time(), kind="hang", diagnostics=path))
         sup.save(state="hung, left running (restart: never)")
         while _reap(pid) is None and run_spec.stood_down(sup.directory, since) is None:
             time.sleep(POLL_SECONDS)
         return 0
-    return stop_and_restart(sup, watch, cause, since, diagnostics_path=path, kind="hang")
+    return stop_and_restart(sup, watch, cause, since, diagnostics_path=path, kind="hang", facts=silence)
 
 
-def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer"):
+def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer", facts=None):
     """The run stopped with the stop of a `make stop` (the run's own stop options), then restarted."""
     sup.save(state=f"stopping ({kind})")
     result = _stop(sup)
@@ -601,7 +603,7 @@ def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer
         f"ITS STOP FAILED: {result.get('msg')}"
     sup.say(f"{cause}; {stopped}")
     end = {"cause": cause, "at": time.time(), "kind": kind, "stop": stopped, "step": watch.last_step,
-           "checkpoint": newest_checkpoint(sup.launch), "diagnostics": diagnostics_path}
+           "checkpoint": newest_checkpoint(sup.launch), "diagnostics": diagnostics_path, **(facts or {})}
     if result.get("failed"):
         sup.remember(end)
         return down(sup, f"{cause}, and its stop failed: {result.get('msg')}")
