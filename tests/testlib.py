@@ -141,6 +141,17 @@ def make_testbed_inventory(root, state_dir, nodes, cts, settings=None, groups=No
     return root
 
 
+def make(*args, extra=None, inventory=None):
+    """`make <args>` as a user types it, with extra (a mapping) as EXTRA='-e <json>' and another
+    INVENTORY when given; its CompletedProcess."""
+    env = tool_env()
+    if inventory:
+        env.update(INVENTORY=inventory, ANSIBLE_INVENTORY=inventory)
+    command = ["make", *args] + ([f"EXTRA=-e {shlex.quote(json.dumps(extra))}"] if extra else [])
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL, timeout=600)
+
+
 def task_ran(output, name):
     """Whether the task called name ran on some host in an ansible-playbook output (a task that
     was skipped everywhere still prints its header)."""

@@ -356,7 +356,7 @@ def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_
     for host, proc in shutdowns.items():
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, (host, out, err)
-        said[host] = re.search(r"^dflash pre-stop: (.*)$", out, re.M).group(1)
+        said[host] = re.search(rf"^\[{host}\] dflash pre-stop: (.*)$", out, re.M).group(1)
     checkpoint = re.search(r"checkpoint (/workspace/checkpoints/step_\d+)", said["ct400"])
     assert checkpoint and "THE STOP FAILED" not in " ".join(said.values()), said
     for host, (node, vmid) in CTS.items():
@@ -383,7 +383,7 @@ def test_12_one_member_rebooted_by_proxmox_stops_and_brings_back_the_whole_gang(
     began = time.time()
     rebooted = gang.live.ssh("gn2", "pct reboot 401", check=True, timeout=300)
     assert re.search(r"^\[ct400\] dflash pre-stop: stopped PID \d+", rebooted.stdout, re.M), rebooted.stdout
-    assert re.search(r"^dflash pre-stop: stopped PID \d+", rebooted.stdout, re.M), rebooted.stdout
+    assert re.search(r"^\[ct401\] dflash pre-stop: stopped PID \d+", rebooted.stdout, re.M), rebooted.stdout
     assert "[ct400] dflash post-start: the relaunch" in rebooted.stdout, rebooted.stdout
     # each member's stop sent its first signal, or wrote its request, at the one moment
     first = {host: next(event["at"] for event in json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/pre-stop.json"))[

@@ -13,33 +13,23 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import time
 
 import pytest
 import yaml
 
-from testlib import END_RUNS, REPO, TESTBED_INVENTORY, tool_env, wait_for
+from testlib import END_RUNS, REPO, TESTBED_INVENTORY, make, wait_for
 
 CT, NODE, OTHER_NODE, VMID = "ct300", "pve2", "pve1", "300"
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 TARGET, SOURCE = "/dev/shm/models/target", "/workspace/models/target"
 SETTINGS = {"trainer_model_stage": {TARGET: SOURCE}, "trainer_model_stage_reserve_gb": 0.05,
             "trainer_run_min_free_gb": 0.1, "trainer_launch_health_seconds": 1}
-OURS = "local:snippets/dflash-lifecycle-hook.sh"
+OURS = "local:snippets/dflash-lifecycle-hook.py"
 
 
 def sh(testbed, command, check=True, node=NODE):
     return testbed.ssh(node, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check, timeout=120)
-
-
-def make(*args, extra=None, inventory=None):
-    env = tool_env()
-    if inventory:
-        env.update(INVENTORY=inventory, ANSIBLE_INVENTORY=inventory)
-    command = ["make", *args] + ([f"EXTRA=-e {shlex.quote(json.dumps(extra))}"] if extra else [])
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, timeout=600)
 
 
 def hookscript(testbed):
@@ -110,7 +100,7 @@ def test_1_the_install_says_what_it_did_changes_nothing_the_second_time_and_stat
     assert f"{CT} (CT {VMID} on {NODE}): hookscript {OURS} (was none)" in " ".join(hooked.stdout.split())
     assert hookscript(testbed) == OURS
     for node in (NODE, OTHER_NODE):  # every node a CT may start on, its migration targets included
-        assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.sh"), os.X_OK)
+        assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py"), os.X_OK)
     again = make("pve-hooks", f"HOST={CT}")
     assert again.returncode == 0 and re.search(rf"{CT}\s+: ok=\d+\s+changed=0 ", again.stdout), again.stdout[-3000:]
     status = make("status", f"HOST={CT}")
@@ -130,7 +120,7 @@ def shut_down_and_start(testbed, how):
     else:
         stopped = start = testbed.ssh(NODE, f"pct reboot {VMID}", check=True, timeout=300)
         started = time.monotonic()
-    said = re.search(r"^dflash pre-stop: (.*)$", stopped.stdout, re.M)
+    said = re.search(rf"^\[{CT}\] dflash pre-stop: (.*)$", stopped.stdout, re.M)
     assert said, stopped.stdout + stopped.stderr
     return said.group(1), start, started
 
@@ -195,7 +185,7 @@ def test_4_a_hook_that_cannot_run_at_pre_stop_lets_the_stop_go_on_and_says_what_
 
 def test_5_a_storage_a_node_lacks_and_a_node_that_does_not_answer_are_refused_before_anything_changes(
         testbed, hooked, tmp_path):
-    before = {node: os.stat(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.sh")).st_mtime_ns
+    before = {node: os.stat(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py")).st_mtime_ns
               for node in (NODE, OTHER_NODE)}
     missing = make("pve-hooks", f"HOST={CT}", extra={"pve_hook_storage": "nope", "pve_hook_state": "absent"})
     assert missing.returncode != 0 and "pve_hook_storage: storage 'nope' does not exist" in missing.stdout, \
@@ -222,7 +212,7 @@ def test_5_a_storage_a_node_lacks_and_a_node_that_does_not_answer_are_refused_be
     down = make("pve-hooks", f"HOST={CT}", extra={"pve_hook_state": "absent"}, inventory=str(inventory))
     assert down.returncode != 0 and "node(s) pve0 did not answer" in " ".join(down.stdout.split()), down.stdout[-3000:]
     assert hookscript(testbed) == OURS  # none of the three took it off
-    assert before == {node: os.stat(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.sh")).st_mtime_ns
+    assert before == {node: os.stat(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py")).st_mtime_ns
                       for node in (NODE, OTHER_NODE)}
 
 
@@ -253,6 +243,6 @@ def test_6_someone_elses_hookscript_is_refused_never_overwritten_or_chained_to_w
     assert removed.returncode == 0, removed.stdout[-3000:]
     assert hookscript(testbed) == "local:snippets/other.sh"  # theirs back, as it was
     for node in (NODE, OTHER_NODE):  # ours stays: another CT may name it, and one whose script is gone cannot start
-        assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.sh"), os.X_OK)
+        assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py"), os.X_OK)
         assert not os.path.exists(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.d", f"{VMID}.chain"))
     os.unlink(phases)

@@ -11,12 +11,12 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import time
 
 import pytest
 
-from testlib import END_RUNS, REPO, tool_env, wait_for
+import testlib
+from testlib import END_RUNS, REPO, wait_for
 
 CT, NODE, VMID = "ct200", "pve1", 200
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
@@ -44,9 +44,7 @@ def sh(testbed, command, check=True):
 
 
 def make(*args, extra=SETTINGS):
-    command = ["make", *args] + ([f"EXTRA=-e {shlex.quote(json.dumps(extra))}"] if extra else [])
-    return subprocess.run(command, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, timeout=600)
+    return testlib.make(*args, extra=extra)
 
 
 def trainer_pid(testbed):

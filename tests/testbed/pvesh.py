@@ -2,6 +2,7 @@
 """Stand-in for Proxmox VE's ``pvesh`` on a testbed node, for the calls the project makes:
 
     pvesh get /cluster/resources --type vm --output-format json
+    pvesh get /cluster/status --output-format json
     pvesh get /storage/<storage> --output-format json
 
 Faithful to pve-manager ``PVE/API2/Cluster.pm`` ``resources`` (what it lists for a container:
@@ -11,6 +12,11 @@ config's semicolon-separated string, ``template``, ``maxmem``, ``maxcpu``, ``upt
 of the cluster, as pmxcfs shows every node's ``/etc/pve/nodes/<node>/lxc`` to each of them: this
 copy reads its sibling nodes' directories of the testbed's state. An unknown path or option fails
 as the real tool does (``No 'get' handler defined for '<path>'``, exit 255).
+
+``/cluster/status`` is pve-manager ``PVE/API2/Cluster.pm`` ``get_status``: a ``cluster`` entry, then
+one ``node`` entry per member of the node's ``/etc/pve/.members`` (``id`` ``node/<name>``, ``name``,
+``nodeid``, ``local`` 1 for this node, ``online``, ``ip`` - what PVE::Cluster::remote_node_ip gives
+a migration), which the testbed writes as pmxcfs keeps it.
 
 ``/storage/<storage>`` is pve-storage ``PVE/API2/Storage/Config.pm`` ``read``: the storage's
 options from storage.cfg (``content`` and ``nodes`` as comma-separated strings), or
@@ -71,12 +77,29 @@ def storage(node_dir, storeid, options):
     return 0
 
 
+def status(node_dir):
+    """pvesh get /cluster/status: the cluster and its members, from the node's .members."""
+    with open(os.path.join(node_dir, "etc/pve/.members"), encoding="utf-8") as handle:
+        members = json.load(handle)
+    cluster = members["cluster"]
+    found = [{"type": "cluster", "id": "cluster", "nodes": cluster["nodes"], "version": cluster["version"],
+              "name": cluster["name"], "quorate": cluster["quorate"]}]
+    for name, member in members["nodelist"].items():
+        found.append({"type": "node", "id": f"node/{name}", "name": name, "nodeid": member["id"],
+                      "local": 1 if name == members["nodename"] else 0, "online": member["online"],
+                      "ip": member["ip"], "level": ""})
+    return found
+
+
 def main(argv):
     os.environ["PATH"] = pct.CLI_PATH
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     options = dict(zip(argv[2::2], argv[3::2]))
     if len(argv) >= 2 and argv[0] == "get" and argv[1].startswith("/storage/"):
         return storage(here, argv[1][len("/storage/"):], options)
+    if argv[:2] == ["get", "/cluster/status"] and set(options) <= {"--output-format"}:
+        sys.stdout.write(json.dumps(status(here)) + "\n")
+        return 0
     if argv[:2] != ["get", "/cluster/resources"]:
         sys.stderr.write(f"No '{argv[0] if argv else ''}' handler defined for '{argv[1] if len(argv) > 1 else ''}'\n")
         return DIE_EXIT

@@ -178,6 +178,7 @@ class Testbed:
         self.state_dir, self.nodes = load_layout(inventory)
         self.key = os.path.join(self.state_dir, "id_ed25519")
         self.known_hosts = os.path.join(self.state_dir, "known_hosts")
+        self.ssh_config = os.path.join(self.state_dir, "ssh_config")
 
     def node_dir(self, node):
         return os.path.join(self.state_dir, "nodes", node)
@@ -200,6 +201,9 @@ class Testbed:
                 for vmid, ct in spec["cts"].items():
                     self.up_ct(name, vmid, ct)
             write(self.known_hosts, "".join(known))
+            write(self.ssh_config, "".join(f"Host {spec['address']}\n    Port {spec['port']}\n"
+                                           for spec in self.nodes.values()))
+            self.write_members()
         log(f"up: {len(self.nodes)} nodes, "
             f"{sum(len(n['cts']) for n in self.nodes.values())} CTs, state in {self.state_dir}")
 
@@ -251,10 +255,11 @@ class Testbed:
             os.chmod(os.path.join(ndir, "bin", tool), 0o755)
         # a cluster's nodes reach each other as root over SSH (pvecm puts every node's key in the
         # cluster's authorized_keys): the testbed's nodes get an ssh on their PATH that uses the
-        # testbed's key and known_hosts, which every node's sshd accepts
+        # testbed's key and known_hosts, which every node's sshd accepts, and the testbed's
+        # ssh_config, which gives each node's address its sshd's port as a cluster's port 22
         write(os.path.join(ndir, "bin", "ssh"),
-              f"#!/bin/sh\nexec /usr/bin/ssh -o IdentitiesOnly=yes -i {self.key} -o UserKnownHostsFile={self.known_hosts} "
-              "\"$@\"\n", 0o755)
+              f"#!/bin/sh\nexec /usr/bin/ssh -F {self.ssh_config} -o IdentitiesOnly=yes -i {self.key} "
+              f"-o UserKnownHostsFile={self.known_hosts} \"$@\"\n", 0o755)
         host_key = os.path.join(ndir, "ssh_host_ed25519_key")
         if not os.path.exists(host_key):
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", host_key])
@@ -296,7 +301,22 @@ class Testbed:
             self.wait_listening(name, spec, proc)
         with open(host_key + ".pub", encoding="utf-8") as handle:
             keytype, key = handle.read().split()[:2]
-        return f"[{spec['address']}]:{spec['port']} {keytype} {key}\n"
+        # by address, and by the node's name as pvecm updatecerts keeps the cluster's known_hosts
+        # (/etc/pve/priv/known_hosts): Proxmox's own SSH between nodes names the host key by the
+        # node (PVE::SSHInfo: HostKeyAlias=<node>)
+        return f"[{spec['address']}]:{spec['port']} {keytype} {key}\n{name} {keytype} {key}\n"
+
+    def write_members(self):
+        """Each node's /etc/pve/.members, as pmxcfs keeps it (pve-cluster src/pmxcfs/status.c): the
+        cluster's nodes with their ids and addresses, this node's name first; what PVE::Cluster's
+        get_members and remote_node_ip read (pvesh get /cluster/status shows it)."""
+        nodelist = {name: {"id": index + 1, "online": 1, "ip": spec["address"]}
+                    for index, (name, spec) in enumerate(sorted(self.nodes.items()))}
+        for name in self.nodes:
+            write(os.path.join(self.node_dir(name), "etc/pve/.members"), json.dumps({
+                "nodename": name, "version": len(nodelist) + 1,
+                "cluster": {"name": "dflash-testbed", "version": 1, "nodes": len(nodelist), "quorate": 1},
+                "nodelist": nodelist}, indent=1) + "\n")
 
     def wait_listening(self, name, spec, proc):
         deadline = time.monotonic() + 15

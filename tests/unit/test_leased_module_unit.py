@@ -75,18 +75,35 @@ def test_an_expired_lock_is_taken_over_with_a_warning(capsys, lock_path):
     assert "took over the expired lock of awx job 7 (bob)" in json.dumps(result["warnings"])
 
 
-def test_a_live_lock_is_taken_over_only_from_the_holder_named(capsys, lock_path):
+def test_a_live_lock_is_taken_over_only_by_its_takeover_code_never_by_a_holders_text(capsys, lock_path):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+
     call(capsys, {"lock_path": lock_path, "lock_holder": "root@ctl run gone1"})  # its run died
     refused = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
-    # the refusal says how to take it over, as a redeploy.yml extra var ready to paste
-    assert """-e '{"redeploy_lock_takeover": "root@ctl run gone1"}'""" in refused["msg"]
-    # naming another holder (a run that took the lock since, say) is still refused
-    wrong = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": "root@ctl run old"})
-    assert wrong["failed"] and json.load(open(lock_path, encoding="utf-8"))["holder"] == "root@ctl run gone1"
-    taken = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": "root@ctl run gone1"})
+    # the refusal says how to take it over: a code of hex digits, never the holder's text (the CT wrote it)
+    code = lock.takeover_code(json.load(open(lock_path, encoding="utf-8")))
+    assert f"-e redeploy_lock_takeover={code})" in refused["msg"] and len(code) == 12
+    # the holder's text is no takeover (it would be pasted into a job), nor is another lock's code
+    for wrong_code, why in (("root@ctl run gone1", "is not a lock's takeover code (12 hex digits"),
+                            ("{{ lookup('pipe', 'id') }}", "is not a lock's takeover code (12 hex digits"),
+                            ("0123456789ab", "CT is being redeployed by root@ctl run gone1")):
+        wrong = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": wrong_code})
+        assert wrong["failed"] and why in wrong["msg"], wrong["msg"]
+        assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "root@ctl run gone1"
+    taken = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2", "lock_takeover": code})
     assert "failed" not in taken and taken["lock"]["taken_over_from"]["holder"] == "root@ctl run gone1"
     assert "took over the live (lock_takeover) lock of root@ctl run gone1" in json.dumps(taken["warnings"])
     assert json.load(open(lock_path, encoding="utf-8"))["holder"] == "bob run 2"
+
+
+def test_a_planted_lock_file_of_other_types_holds_nothing(capsys, lock_path):
+    """The CT's root writes the lock file: one that is not a lock this code writes is taken over."""
+    for planted in ('["a"]', '{"holder": ["x"], "expires": 1e12}', '{"holder": "x", "expires": "never"}',
+                    '{"holder": "x", "since": 1, "expires": 1e12, "worker": "1"}', "\u0000{"):
+        with open(lock_path, "w", encoding="utf-8") as handle:
+            handle.write(planted)
+        taken = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
+        assert "failed" not in taken and taken["lock"]["taken_over_from"]["holder"] == "unreadable lock file", planted
 
 
 def crash(args, error=RuntimeError("a bug in the module")):

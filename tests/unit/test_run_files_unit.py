@@ -166,14 +166,14 @@ def test_a_takeover_of_a_holder_whose_worker_still_works_is_refused_naming_its_l
     me = proctable.read_process(os.getpid()).identity  # a worker that runs: this process
     assert lock.renew(lock_path, "job-1", 60, me, phase="stop")
     with pytest.raises(lock.LockHeld) as refused:
-        lock.take(lock_path, "job-2", 60, takeover="job-1")
+        lock.take(lock_path, "job-2", 60, takeover=lock.takeover_code(lock.read(lock_path)))
     words = str(refused.value)
     assert f"its worker in the CT (PID {os.getpid()}) is alive and keeps the lease: it is not taken over" in words
     assert "renewed last at" in words and "last phase: stop" in words
     # a renewal never takes a lock back from a job that took it over
     dead = (me[0], me[1] + 1)  # the same PID with another start time: a worker that is gone
     assert lock.renew(lock_path, "job-1", 60, dead)
-    assert lock.take(lock_path, "job-2", 60, takeover="job-1")["holder"] == "job-2"
+    assert lock.take(lock_path, "job-2", 60, takeover_holder="job-1")["holder"] == "job-2"
     assert lock.renew(lock_path, "job-1", 60, me) is False and lock.read(lock_path)["holder"] == "job-2"
 
 

@@ -11,6 +11,8 @@ import shlex
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node.installed_hookscript import printable
+
 ARGUMENT_SPEC = {
     "src": {"type": "path", "required": True},
     "vmid": {"type": "int", "required": True},
@@ -41,7 +43,7 @@ class ActionModule(ActionBase):
         result.update(rc=res["rc"], stdout=res["stdout"], stderr=res["stderr"], cmd=shlex.join(argv))
         if res["rc"] != 0:
             result.update(failed=True, msg=f"pct push to CT {params['vmid']} failed (rc {res['rc']}): "
-                                           f"{res['stderr'].strip() or res['stdout'].strip()}")
+                                           f"{printable(res['stderr'].strip() or res['stdout'].strip(), 2000)}")
         else:
             result["msg"] = f"pushed {params['src']} to CT {params['vmid']}:{params['dest']}"
         return result

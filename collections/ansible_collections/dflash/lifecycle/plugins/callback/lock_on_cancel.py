@@ -19,6 +19,9 @@ description:
   - A CT whose stop or launch call has started (its first signal may have gone) keeps its lock; the
     CT's worker finishes the redeploy and gives it back itself. The callback says that for each.
   - A SIGKILL runs nothing; the lease (C(redeploy_lock_ttl)) ends the lock.
+  - The lock it gives back is the one the job's own task arguments name (C(lock_holder),
+    C(lock_path)), never what a CT's answer says; they reach C(ansible) as unsafe extra variables
+    (C(!unsafe)), so nothing in them is templated.
   - The project's C(ansible.cfg) enables it (C(callbacks_enabled)); AWX reads that file from the
     project.
 requirements: []
@@ -29,13 +32,27 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 from ansible import context
 from ansible.plugins.callback import CallbackBase
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node.installed_hookscript import printable
+
 # the calls whose work may send the stop's first signal (the preflight's too, when it launches)
 STOPPING = ("staged_stop", "trainer_process", "trainer_preflight")
 RELEASE_TIMEOUT = 30
+DEFAULT_LOCK_PATH = "/run/dflash/redeploy.lock"
+# the module call that gives a lock back: its arguments are unsafe extra variables (release_vars)
+RELEASE_ARGS = json.dumps({"holder": "{{ dflash_cancel_holder }}", "path": "{{ dflash_cancel_path }}",
+                           "state": "released"})
+
+
+def release_vars(holder, path):
+    """The extra variables of the release call, as YAML: each value !unsafe (never templated), in
+    JSON's quoting, which YAML reads as its own."""
+    return "".join(f"{name}: !unsafe {json.dumps(value)}\n"
+                   for name, value in (("dflash_cancel_holder", holder), ("dflash_cancel_path", path)))
 
 
 def _short(action):
@@ -66,9 +83,12 @@ class CallbackModule(CallbackBase):
             self.stopping.add(host.get_name())
 
     def _lock_of(self, result):
+        """Whether host holds a lock of this job after the result: its task's own arguments (the
+        controller's, templated on the controller) say which; the CT's answer says only whether it
+        was given back."""
         host = result._host.get_name()
         action = _short(result._task.action)
-        args = (result._result.get("invocation") or {}).get("module_args") or {}
+        args = result._task_fields.get("args") or {}
         if action == "trainer_preflight" and not isinstance(result._result.get("launch"), dict):
             self.stopping.discard(host)  # its checks only: it sent nothing
         if action == "redeploy_lock" and args.get("state") == "released":
@@ -76,12 +96,12 @@ class CallbackModule(CallbackBase):
         held = result._result.get("lock")
         if not isinstance(held, dict):
             return
-        if held.get("released"):
+        if held.get("released") is True:
             self.locked.pop(host, None)
             return
-        path = args.get("lock_path")
-        if held.get("holder") and path:
-            self.locked[host] = (held["holder"], path)
+        holder, path = args.get("lock_holder"), args.get("lock_path") or DEFAULT_LOCK_PATH
+        if isinstance(holder, str) and holder and isinstance(path, str):
+            self.locked[host] = (holder, path)
 
     def v2_runner_on_ok(self, result):
         self._lock_of(result)
@@ -107,16 +127,20 @@ class CallbackModule(CallbackBase):
 
     def _release(self, host, holder, path):
         """Give host's lock back through a module call of its own (ansible, the job's inventory)."""
-        command = [os.path.join(os.path.dirname(sys.argv[0]), "ansible"), host, "-o",
-                   "-m", "dflash.lifecycle.redeploy_lock",
-                   "-a", json.dumps({"holder": holder, "path": path, "state": "released"})]
-        for source in context.CLIARGS.get("inventory") or ():
-            command += ["-i", source]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=RELEASE_TIMEOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return f"the lock could not be given back ({err}); it ends with its lease"
+        with tempfile.TemporaryDirectory(prefix="dflash-cancel-") as private:  # 0700
+            extra = os.path.join(private, "release.yml")
+            with open(extra, "w", encoding="utf-8") as handle:
+                handle.write(release_vars(holder, path))
+            command = [os.path.join(os.path.dirname(sys.argv[0]), "ansible"), host, "-o",
+                       "-m", "dflash.lifecycle.redeploy_lock", "-a", RELEASE_ARGS, "-e", f"@{extra}"]
+            for source in context.CLIARGS.get("inventory") or ():
+                command += ["-i", source]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=RELEASE_TIMEOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True, check=False)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                return f"the lock could not be given back ({err}); it ends with its lease"
         if done.returncode == 0:
             return "nothing was touched, the lock is given back"
-        return f"the lock could not be given back ({done.stdout.strip()[-300:]}); it ends with its lease"
+        return (f"the lock could not be given back ({printable(done.stdout.strip()[-300:])}); "
+                "it ends with its lease")

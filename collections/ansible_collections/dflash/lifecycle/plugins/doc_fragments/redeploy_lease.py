@@ -45,10 +45,11 @@ options:
     aliases: [lock_release]
   lock_takeover:
     description:
-      - Take the lock over from this holder even though its lease has not ended, with a warning.
-        For a redeploy that is gone before its lease ended (its controller lost the connection in
-        the middle of the stop); the refusal names the holder to give here. A lock held by anyone
-        else is still refused.
+      - Take the lock over even though its lease has not ended, with a warning - the lock's takeover
+        code, 12 hex digits that the refusal gives. For a redeploy that is gone before its lease
+        ended (its controller lost the connection in the middle of the stop). Any other lock is
+        still refused, and so is one whose worker still runs in the CT.
+      - A code, never the holder's text - a CT wrote that, and a job must not be given it to template.
       - The playbooks set it from C(redeploy_lock_takeover).
     type: str
 """

@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import gang_agreement
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang as gangs
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.untrusted import reading_answers
 
 # the result each phase registers
 PHASE_RESULTS = {"release": "trainer_code_manifest", "preflight": "trainer_preflight_result",
@@ -123,7 +124,8 @@ class FilterModule:
     gang_stop_report."""
 
     def filters(self):
+        # the filters that read the CTs' answers (the others read the inventory)
         return {"gang_plan": gang_plan, "gang_launcher_options": gang_launcher_options,
-                "gang_barrier": gang_barrier, "gang_throughput": gang_throughput,
-                "gang_report": gang_report, "gang_relaunchable": gang_relaunchable,
-                "gang_stop_report": gang_stop_report}
+                "gang_barrier": reading_answers(gang_barrier), "gang_throughput": reading_answers(gang_throughput),
+                "gang_report": reading_answers(gang_report), "gang_relaunchable": reading_answers(gang_relaunchable),
+                "gang_stop_report": reading_answers(gang_stop_report)}

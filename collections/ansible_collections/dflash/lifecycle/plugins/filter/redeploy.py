@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import redeploy_summary
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.untrusted import reading_answers
 
 
 class FilterModule:
     """redeploy_summary, redeploy_report."""
 
     def filters(self):
-        return {"redeploy_summary": redeploy_summary.summary, "redeploy_report": redeploy_summary.report}
+        return {"redeploy_summary": reading_answers(redeploy_summary.summary),
+                "redeploy_report": reading_answers(redeploy_summary.report)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import canary
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.untrusted import reading_answers
 
 
 def throughput_canary(before, after, threshold=-5.0, policy="report", check_mode=False):
@@ -20,4 +21,4 @@ class FilterModule:
     """throughput_canary, throughput_chart."""
 
     def filters(self):
-        return {"throughput_canary": throughput_canary, "throughput_chart": canary.chart}
+        return {"throughput_canary": reading_answers(throughput_canary), "throughput_chart": reading_answers(canary.chart)}

@@ -75,6 +75,11 @@ from ansible.plugins.inventory import BaseInventoryPlugin
 from ansible.utils.vars import combine_vars
 from ansible.vars.plugins import get_vars_from_inventory_sources
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import installed_hookscript
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node.installed_hookscript import printable
+
+# pve-common's dns-name format: a CT's hostname in its Proxmox config
+DNS_NAME = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*$")
 SSH_VARS = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file",
             "ansible_ssh_common_args", "ansible_ssh_extra_args")
 
@@ -101,11 +106,22 @@ class InventoryModule(BaseInventoryPlugin):
         if answer is None:
             raise AnsibleParserError(f"{path}: no node of {self.get_option('nodes')} answered: " + "; ".join(asked))
         group = self.inventory.add_group(self.get_option("group"))
-        for ct in self.chosen(answer):
+        for ct in self.checked(self.chosen(answer)):
             host = self.inventory.add_host(str(ct["name"]), group=group)
             for key, value in (("pve_node", ct["node"]), ("ansible_pct_vmid", int(ct["vmid"])),
                                ("pve_status", ct.get("status")), ("pve_tags", self.tags(ct))):
                 self.inventory.set_variable(host, key, value)
+
+    def checked(self, cts):
+        """The containers whose name, node and VMID have Proxmox's own forms (a name becomes a host
+        name, a node a delegate, a VMID a word of `pct exec`); another one is left out, said."""
+        for ct in cts:
+            name, node, vmid = str(ct.get("name", "")), str(ct.get("node", "")), str(ct.get("vmid", ""))
+            if DNS_NAME.match(name) and installed_hookscript.NODE_RE.match(node) and installed_hookscript.VMID_RE.match(vmid):
+                yield ct
+            else:
+                self.display.warning(f"{self.NAME}: a container left out - its name {printable(name)!r}, node "
+                                     f"{printable(node)!r} or VMID {printable(vmid)!r} is not of Proxmox's form")
 
     @staticmethod
     def tags(ct):

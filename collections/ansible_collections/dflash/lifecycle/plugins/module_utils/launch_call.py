@@ -106,12 +106,6 @@ ARGUMENT_SPEC = {
         "stop": {"type": "dict", "default": {}},
         "stage_models": STAGE_MODELS,
         "lock_path": {"type": "path"},
-        "members": {"type": "dict", "options": {
-            "names": {"type": "list", "elements": "str", "required": True},
-            "vmids": {"type": "list", "elements": "int", "required": True},
-            "addresses": {"type": "list", "elements": "str", "required": True},
-            "ports": {"type": "list", "elements": "int", "required": True},
-        }},
     }},
     "activate": {"type": "dict", "options": {
         "base": {"type": "path", "required": True},

@@ -6,9 +6,10 @@ pve-container runs a CT's hookscript on the node as ``<script> <vmid> <phase>``
 (PVE::GuestHelpers::exec_hookscript): ``pre-stop`` in PVE::LXC::vm_stop before ``lxc-stop``, for
 a stop, a shutdown, a reboot and a restart migration alike, with no timeout and its errors only
 warned; ``post-start`` in PVE::LXC::vm_start once the CT runs. The node's script
-(roles/pve_hook/files/dflash-lifecycle-hook.sh) runs this, inside the CT, through
+(module_utils/node/installed_hookscript.py) runs this, inside the CT, through
 ``pct exec <vmid> -- /var/lib/dflash/lifecycle/hook <phase>``, with what the run's last launch kept on
-the CT's disk (module_utils/ct/run_spec.py):
+the CT's disk (module_utils/ct/run_spec.py). The node trusts none of it: it shows what this prints
+in the task's log, capped and cleaned, and ends it at the bound of its own policy for the CT:
 
 - ``pre-stop``: the staged stop a ``make stop`` runs (the stop request where the trainer honours
   it, else the signal ladder, every checkpoint rule included), under the CT's redeploy lock, before
@@ -46,6 +47,8 @@ PRE_STOP_HOLDER = "Proxmox pre-stop hook"
 POST_START_HOLDER = "Proxmox post-start hook"
 LEASE_SECONDS = 60
 GANG_POLL_SECONDS = 1.0
+# a pre-stop's own time beyond its waits: the agent's start, the checkpoint's verification, its record
+PRE_STOP_SLACK_S = 30.0
 
 
 def say(phase, text):
@@ -74,14 +77,14 @@ def _stays_stopped(spec):
             "it stays stopped")
 
 
-def wait_for_lock(path, holder, cap, takeover=None):
+def wait_for_lock(path, holder, cap, takeover_holder=None):
     """Take the CT's redeploy lock for holder, waiting up to cap seconds for a job that holds it
-    (its worker ends with the CT anyway); takeover: a holder whose lock may be taken once its worker
-    is gone. Returns None once held, else the words of the holder it went on without."""
+    (its worker ends with the CT anyway); takeover_holder: a holder whose lock may be taken once its
+    worker is gone. Returns None once held, else the words of the holder it went on without."""
     deadline = time.monotonic() + cap
     while True:
         try:
-            lock.take(path, holder, LEASE_SECONDS, takeover=takeover)
+            lock.take(path, holder, LEASE_SECONDS, takeover_holder=takeover_holder)
             return None
         except lock.LockHeld as err:
             if time.monotonic() >= deadline:
@@ -91,18 +94,16 @@ def wait_for_lock(path, holder, cap, takeover=None):
         time.sleep(1)
 
 
-def peers(directory):
-    """``address port vmid name`` of each other member of this CT's gang, one a line: the node's
-    hookscript reaches their CTs through their nodes. Nothing for a CT that runs alone."""
-    spec = run_spec.read(directory)
-    health = (spec or {}).get("launch", {}).get("gang_health")
-    members = (spec or {}).get("members")
-    if not health or not members:
-        return 0
-    for name, vmid, address, port in zip(members["names"], members["vmids"], members["addresses"], members["ports"]):
-        if name != health["me"] and address:
-            sys.stdout.write(f"{address} {port} {vmid} {name}\n")
-    return 0
+def pre_stop_bound(stop, margin):
+    """The longest this CT's pre-stop may take with the run's stop options (a mapping of staged_stop's):
+    a gang's margin to its moment, the wait for a job that holds the CT's lock (up to graceful_wait_cap),
+    the staged stop's worst case, and the agent's own time. The node's hookscript ends the hook there
+    (the install writes it into the CT's policy on every node)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
+
+    cap = stop.get("graceful_wait_cap")
+    lock_wait = float(stop_options.ARGUMENT_SPEC["graceful_wait_cap"]["default"] if cap is None else cap)
+    return float(margin) + lock_wait + stop_options.worst_case_s(stop) + PRE_STOP_SLACK_S
 
 
 def pre_stop(directory, moment=None, phase="pre-stop"):
@@ -220,7 +221,7 @@ def relaunch_params(spec, health_dir=None):
     params = launch_call.relaunch_options(
         spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
         lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
-                   "lock_path": spec.get("lock_path"), "members": spec.get("members"),
+                   "lock_path": spec.get("lock_path"),
                    # the run's next generation: the supervisor's rounds go on in a place of its own
                    "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"),
                    "round": (spec.get("round") or 0) + 1})
@@ -257,7 +258,7 @@ def resume(directory, phase="post-start"):
             return 1
     ct_lock = lock_path(spec)
     # a gang's member whose CT did not stop still has the lock of the pre-stop its peer asked for
-    went_on = wait_for_lock(ct_lock, POST_START_HOLDER, LEASE_SECONDS, takeover=PRE_STOP_HOLDER)
+    went_on = wait_for_lock(ct_lock, POST_START_HOLDER, LEASE_SECONDS, takeover_holder=PRE_STOP_HOLDER)
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
@@ -396,8 +397,6 @@ def main(argv, agent=None):
     phase = argv[0] if argv else ""
     if phase == "pre-stop":
         return pre_stop(directory, float(argv[1]) if len(argv) > 1 and argv[1] else None)
-    if phase == "peers":
-        return peers(directory)
     if phase == "post-start":
         return post_start(directory, agent)
     if phase == "resume":
@@ -408,5 +407,5 @@ def main(argv, agent=None):
         return supervisor.supervise(directory, agent)
     if phase in ("pre-start", "post-stop"):
         return 0
-    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|peers|supervise; got {phase!r}\n")
+    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|resume|supervise; got {phase!r}\n")
     return 2

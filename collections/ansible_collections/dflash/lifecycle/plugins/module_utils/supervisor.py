@@ -634,7 +634,7 @@ def _lock(sup):
     from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
 
     path = pve_hook.lock_path(sup.spec)
-    went_on = pve_hook.wait_for_lock(path, HOLDER, LEASE_SECONDS, takeover=HOLDER)
+    went_on = pve_hook.wait_for_lock(path, HOLDER, LEASE_SECONDS, takeover_holder=HOLDER)
     return went_on or (path, HOLDER, LEASE_SECONDS)
 
 

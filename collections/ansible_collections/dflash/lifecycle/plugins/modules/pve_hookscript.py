@@ -10,12 +10,16 @@ short_description: Install this project's Proxmox hookscript on a node, or set i
 version_added: 0.2.0
 author: DFlash lifecycle maintainers (@dflash-lifecycle)
 description:
-  - Runs on a Proxmox VE node. Without O(vmid) it installs the hookscript O(script) as
-    C(<storage>:snippets/dflash-lifecycle-hook.sh) on this node, after checking that O(storage)
+  - Runs on a Proxmox VE node. Without O(vmid) it installs the project's hookscript (this collection's
+    C(module_utils/node/installed_hookscript.py), a readable Python file) as
+    C(<storage>:snippets/dflash-lifecycle-hook.py) on this node, after checking that O(storage)
     exists, is enabled, is available on O(node) and holds snippets (C(pvesh get /storage/<id>)),
-    and writes the chain files of the CTs that chain to another hookscript (O(chains)). Run it on
-    every node a CT may start on - a restart migration or an HA relocation starts the CT on
-    another node, whose pve-container then runs the hookscript from its own storage.
+    and writes beside it, root's, each CT's policy (O(policies) - what the hookscript acts on,
+    never what a CT says) and the chain files of the CTs that chain to another hookscript
+    (O(chains)). Run it on every node a CT may start on - a restart migration or an HA relocation
+    starts the CT on another node, whose pve-container then runs the hookscript from its own storage.
+  - The shell script of before 0.4.0 (C(dflash-lifecycle-hook.sh)), where a node still has it,
+    becomes a link to the new script, so a CT that still names it runs the new one.
   - With O(vmid) it sets the hookscript on that CT (C(pct set <vmid> --hookscript <volume>)). A CT
     whose hookscript is someone else's is refused, naming the script, unless O(chain) names that
     script; the project's hookscript then runs it first, in every phase, with its exit status
@@ -35,9 +39,15 @@ options:
     description: This node's name in the cluster (what a storage's C(nodes) list names).
     type: str
     required: true
-  script:
-    description: The hookscript's content (node mode; the role's C(files/dflash-lifecycle-hook.sh)).
-    type: str
+  policies:
+    description:
+      - Node mode - C({vmid - policy}) of the CTs this install manages, each written to
+        C(dflash-lifecycle-hook.d/<vmid>.json) beside the script. A policy holds the CT's C(name),
+        its C(lifecycle_dir) (where the run's hook lives in the CT), the bounds C(pre_stop_s) and
+        C(post_start_s) after which the node ends the CT's hook, C(gang_margin_s), and C(gang), the
+        C({name, vmid}) of every member of the CT's gang. Each is checked before anything is written.
+    type: dict
+    default: {}
   chains:
     description:
       - Node mode - C({vmid - volume}) of the CTs whose own earlier hookscript the project's one runs
@@ -45,7 +55,9 @@ options:
     type: dict
     default: {}
   vmids:
-    description: Node mode - the CTs this install manages; a chain file of one of them that O(chains) no longer names is removed.
+    description:
+      - Node mode - the CTs this install manages; a chain file of one of them that O(chains) no longer
+        names is removed, and with O(state=absent) their policies too.
     type: list
     elements: int
     default: []
@@ -56,7 +68,7 @@ options:
     description: CT mode - the CT's hookscript of before, which the project's one runs first. Without it a CT with another hookscript is refused.
     type: str
   state:
-    description: V(present) installs or sets; V(absent) unsets the CT's, or removes the chain files (never the script).
+    description: V(present) installs or sets; V(absent) unsets the CT's, or removes the policies and chain files (never the script).
     type: str
     choices: [present, absent]
     default: present
@@ -75,7 +87,7 @@ attributes:
     details: Checks everything and reports what would change; writes nothing.
   diff_mode:
     support: full
-    details: The script's content (node mode), the CT's hookscript setting (CT mode).
+    details: The script's content and the policies (node mode), the CT's hookscript setting (CT mode).
   platform:
     support: full
     platforms: posix
@@ -86,7 +98,9 @@ EXAMPLES = r"""
   dflash.lifecycle.pve_hookscript:
     storage: local
     node: "{{ inventory_hostname }}"
-    script: "{{ lookup('ansible.builtin.file', 'dflash-lifecycle-hook.sh') }}"
+    policies:
+      200: {name: ct200, lifecycle_dir: /var/lib/dflash/lifecycle, pre_stop_s: 2933, post_start_s: 10,
+            gang_margin_s: 3, gang: []}
 
 - name: Set it on ct200, keeping the hookscript it had
   dflash.lifecycle.pve_hookscript:
@@ -102,12 +116,12 @@ path:
   description: The script's path on this node.
   returned: always
   type: str
-  sample: /var/lib/vz/snippets/dflash-lifecycle-hook.sh
+  sample: /var/lib/vz/snippets/dflash-lifecycle-hook.py
 volume:
   description: The script's volume, as a CT's C(hookscript) names it.
   returned: always
   type: str
-  sample: local:snippets/dflash-lifecycle-hook.sh
+  sample: local:snippets/dflash-lifecycle-hook.py
 hookscript:
   description: CT mode - the CT's hookscript setting before and after (null - none).
   returned: when vmid is set
@@ -128,7 +142,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript, installed_hookscript
 
 
 def _storage(module, storage):
@@ -174,6 +188,31 @@ def _remove(module, path):
     return True
 
 
+def _policies(module, policies, result):
+    """{vmid: the JSON text of its policy}, each checked as the hookscript checks it."""
+    texts = {}
+    for vmid, policy in sorted(policies.items()):
+        if not installed_hookscript.VMID_RE.match(str(vmid)):
+            module.fail_json(msg=f"policies: {vmid!r} is not a VM ID; nothing was changed", **result)
+        try:
+            texts[str(vmid)] = json.dumps(installed_hookscript.checked_policy(vmid, policy), sort_keys=True, indent=1) + "\n"
+        except installed_hookscript.PolicyError as err:
+            module.fail_json(msg=f"the policy of CT {vmid}: {err}; nothing was changed", **result)
+    return texts
+
+
+def _legacy_link(module, folder):
+    """The pre-0.4.0 script, where it is still there, as a link to the new one. Returns changed."""
+    legacy = os.path.join(folder, hookscript.LEGACY_SCRIPT_NAME)
+    if not os.path.lexists(legacy) or (os.path.islink(legacy) and os.readlink(legacy) == hookscript.SCRIPT_NAME):
+        return False
+    if not module.check_mode:
+        tmp = f"{legacy}.tmp-{os.getpid()}"
+        os.symlink(hookscript.SCRIPT_NAME, tmp)
+        os.rename(tmp, legacy)
+    return True
+
+
 def node_mode(module, p):
     folder = _dir_of(module, p["storage"], p["node"])
     path = os.path.join(folder, hookscript.SCRIPT_NAME)
@@ -184,9 +223,9 @@ def node_mode(module, p):
         changed = False
         for vmid in p["vmids"]:
             changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.chain"))
+            changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.json"))
         module.exit_json(changed=changed, **result)
-    if not p["script"]:
-        module.fail_json(msg="script: the hookscript's content is required to install it", **result)
+    policies = _policies(module, p["policies"], result)
     for vmid, chained in sorted(p["chains"].items()):
         match = hookscript.VOLUME_RE.match(str(chained))
         if not match:
@@ -197,19 +236,26 @@ def node_mode(module, p):
             module.fail_json(msg=f"pve_hook_chain of CT {vmid}: script '{chained}' does not exist or is not executable "
                              f"on node {p['node']} ({chained_path}); nothing was changed", **result)
         result["chained"][str(vmid)] = chained_path
-    before = None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            before = handle.read()
-    except OSError:
-        pass
-    changed = _write(module, path, p["script"], 0o755)
+    script = hookscript.script_text()
+    before = {}
+    for name in [path] + [os.path.join(chains_dir, f"{vmid}.json") for vmid in policies]:
+        try:
+            with open(name, encoding="utf-8") as handle:
+                before[name] = handle.read()
+        except OSError:
+            before[name] = ""
+    changed = _write(module, path, script, 0o755)
+    changed |= _legacy_link(module, folder)
+    for vmid, text in policies.items():
+        changed |= _write(module, os.path.join(chains_dir, f"{vmid}.json"), text, 0o644)
     for vmid in p["vmids"]:
         if str(vmid) not in result["chained"]:
             changed |= _remove(module, os.path.join(chains_dir, f"{vmid}.chain"))
     for vmid, chained_path in result["chained"].items():
         changed |= _write(module, os.path.join(chains_dir, f"{vmid}.chain"), chained_path + "\n", 0o644)
-    diff = {"before": before or "", "after": p["script"], "before_header": path, "after_header": path}
+    after = dict({path: script}, **{os.path.join(chains_dir, f"{vmid}.json"): text for vmid, text in policies.items()})
+    diff = [{"before": before[name], "after": text, "before_header": name, "after_header": name}
+            for name, text in after.items() if before[name] != text]
     module.exit_json(changed=changed, diff=diff, **result)
 
 
@@ -223,7 +269,7 @@ def ct_mode(module, p):
     result = {"volume": ours, "path": None, "chained": p["chain"]}
     if p["state"] == "absent":
         after = current
-        if current == ours:
+        if hookscript.is_ours(current):
             after = p["chain"]
             command = ["pct", "set", str(vmid)] + (["--hookscript", p["chain"]] if p["chain"] else ["--delete", "hookscript"])
             if not module.check_mode:
@@ -250,7 +296,7 @@ def main():
         argument_spec={
             "storage": {"type": "str", "required": True},
             "node": {"type": "str", "required": True},
-            "script": {"type": "str"},
+            "policies": {"type": "dict", "default": {}},
             "chains": {"type": "dict", "default": {}},
             "vmids": {"type": "list", "elements": "int", "default": []},
             "vmid": {"type": "int"},

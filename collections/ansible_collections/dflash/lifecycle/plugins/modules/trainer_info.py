@@ -46,6 +46,10 @@ options:
     description: How many of the last progress lines make the median.
     type: int
     default: 5
+  log_lines:
+    description: Also return the last this many lines of O(log_file) (RV(log_lines), C(make logs)), at most 10000; 0 for none.
+    type: int
+    default: 0
   throughput_history:
     description:
       - Also return up to this many points C([step, tok/s, time, release, run]) spread over the run's log
@@ -132,6 +136,11 @@ cmdline:
   description: Its command line.
   returned: always
   type: str
+log_lines:
+  description: The last O(log_lines) lines of O(log_file), whether a trainer runs or not.
+  returned: when O(log_lines) is set
+  type: list
+  elements: str
 log_tail:
   description: The last 20 lines of O(log_file), when no trainer runs (why the last one ended).
   returned: when no trainer runs
@@ -236,6 +245,7 @@ def main():
                                     "default": list(progress.THROUGHPUT_PATTERNS)},
             "throughput_lines": {"type": "int", "default": 5},
             "throughput_history": {"type": "int", "default": 0},
+            "log_lines": {"type": "int", "default": 0},
             "release_base": {"type": "path"},
             "lock_path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
             "change_record": {"type": "path", "default": "/var/lib/dflash/last-change.json"},
@@ -248,6 +258,8 @@ def main():
         state = trainer_state.read(module.params)
     except ValueError as err:  # a step regex without a group, a pattern without value, a bad layout
         module.fail_json(msg=str(err))
+    if module.params["log_lines"] > 0:
+        state["log_lines"] = progress.read_lines(module.params["log_file"])[-min(module.params["log_lines"], 10000):]
     state["models"] = []
     for target, source in sorted(module.params["models"].items()):
         try:

@@ -252,33 +252,6 @@ options:
       lock_path:
         description: The CT's redeploy lock, which the hook holds while it stops or relaunches the run.
         type: path
-      members:
-        description:
-          - A gang's members, in its order - their C(names), C(vmids) and their nodes' C(addresses) and
-            SSH C(ports). The node's hookscript of one member's CT reaches the others' CTs through their
-            nodes (the cluster's root SSH), so that the whole gang stops at one moment and comes back together.
-        type: dict
-        suboptions:
-          names:
-            description: The members' inventory names.
-            type: list
-            elements: str
-            required: true
-          vmids:
-            description: Their CTs.
-            type: list
-            elements: int
-            required: true
-          addresses:
-            description: Their nodes' addresses.
-            type: list
-            elements: str
-            required: true
-          ports:
-            description: Their nodes' SSH ports.
-            type: list
-            elements: int
-            required: true
       gang_base:
         description:
           - Set by a relaunch without a job (the hook's, the supervisor's) - the gang's place of the job that

@@ -9,6 +9,10 @@ file in the CT about once a second (module_utils/ct/rundir.py ProgressFile); whi
 reads that file through the task's own connection and prints a line through Ansible's display,
 which reaches ansible-playbook's output and AWX's job events alike. A wait that ends within
 FIRST_AFTER seconds prints nothing: the quiet case stays quiet, and costs no extra round trip.
+
+The file is the CT's to write (docs/security.md): at most PROGRESS_BYTES of it are read, a file
+that is not a mapping of the module's fields is said once and not shown, and the line shown is
+cleaned as every CT text is (untrusted.printable). Showing progress never fails the task.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ import threading
 
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node.installed_hookscript import printable
+
 display = Display()
 
 FIRST_AFTER = 10.0
 EVERY = 5.0
+PROGRESS_BYTES = 16384
+LINE_CHARS = 400
 
 
 def stop_progress_file(stop_args):
@@ -69,6 +77,18 @@ def stage_words(progress):
             + ("ETA unknown" if eta is None else f"ETA {eta:.0f}s"))
 
 
+def progress_line(render, text):
+    """render's line of a progress file's text, cleaned; None when the text is not a mapping of the
+    fields render reads (the module writes it whole, by rename: another wrote this one)."""
+    try:
+        progress = json.loads(text)
+        if not isinstance(progress, dict):
+            return None
+        return printable(render(progress), LINE_CHARS)
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, OverflowError):
+        return None
+
+
 def launch_watch(connection, args, host):
     """(args, watch): a launch's module options (trainer_process's) with the file its progress goes
     to set - in its run_dir, or beside its pidfile - and, with stop_first and stage_models, the
@@ -111,16 +131,19 @@ class ProgressWatch:
         worker = threading.Thread(target=target, name="module", daemon=True)
         worker.start()
         worker.join(FIRST_AFTER)
-        shown = {}
+        shown, said = {}, set()
         while worker.is_alive():
             for path, render in self.files:
                 text = self._read(path)
                 if text and text != shown.get(path):
                     shown[path] = text
-                    try:
-                        display.display(f"{self.host}: {render(json.loads(text))}")
-                    except ValueError:
-                        pass  # a file being replaced: the next read has it
+                    line = progress_line(render, text)
+                    if line is not None:
+                        display.display(f"{self.host}: {line}")
+                    elif path not in said:  # the module writes it whole, by rename: another wrote this
+                        said.add(path)
+                        display.display(f"{self.host}: its progress file {printable(path)} is not one the module "
+                                        "writes: its progress is not shown")
             worker.join(EVERY)
         if "error" in outcome:
             raise outcome["error"]
@@ -128,7 +151,7 @@ class ProgressWatch:
 
     def _read(self, path):
         try:
-            code, out, _err = self.connection.exec_command(f"cat {shlex.quote(path)} 2>/dev/null")
+            code, out, _err = self.connection.exec_command(f"head -c {PROGRESS_BYTES} {shlex.quote(path)} 2>/dev/null")
         except Exception:  # noqa: BLE001  (showing progress must never fail the task)
             return None
         return out.decode("utf-8", "replace").strip() if code == 0 else None

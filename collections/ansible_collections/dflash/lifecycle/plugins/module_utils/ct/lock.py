@@ -9,9 +9,11 @@ worker runs the job's work in the CT (a stop waiting for a checkpoint, a launch 
 health), a keeper process beside that worker (keep_alive), the worker recorded as ``worker``. A
 holder that dies - a controller killed, a connection lost - stops renewing, and its lock is free
 within one lease of its last work, as with Kubernetes' and etcd's leases. A lock whose lease has
-ended is taken over. A live lease is taken over only when the caller names its holder
-(takeover, for a holder known to be dead), and never while its worker still runs: that holder
-is alive and working, and the refusal names its last renewal.
+ended is taken over. A live lease is taken over only when the caller names it by its
+takeover code (takeover, for a holder known to be dead: 12 hex digits of a digest of the lock,
+which the refusal gives - never the holder's text, which a CT wrote, to paste into a job), and
+never while its worker still runs: that holder is alive and working, and the refusal names its
+last renewal.
 Every change happens under flock on a guard file and lands by atomic rename of a file
 opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followed.
 """
@@ -19,9 +21,10 @@ opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followe
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
-import shlex
+import re
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
@@ -34,11 +37,33 @@ class LockHeld(Exception):
         self.holder = holder
 
 
+UNREADABLE = {"holder": "unreadable lock file", "expires": 0}
+TAKEOVER_CODE = re.compile(r"^[0-9a-f]{12}$")
+
+
 def _read(path):
+    """The lock at path (None: none), or UNREADABLE for a file that is not a lock this code writes:
+    whoever planted it holds nothing."""
     try:
-        return read_json(path)
+        current = read_json(path)
     except ValueError:
-        return {"holder": "unreadable lock file", "expires": 0}
+        return dict(UNREADABLE)
+    if current is None:
+        return None
+    numbers = ("since", "expires", "renewed")
+    if not isinstance(current, dict) or not isinstance(current.get("holder"), str) \
+            or any(isinstance(current.get(key), bool) or not isinstance(current.get(key, 0), (int, float))
+                   for key in numbers) \
+            or not (current.get("worker") is None or (isinstance(current["worker"], list) and len(current["worker"]) == 2
+                                                      and all(isinstance(i, int) for i in current["worker"]))) \
+            or not isinstance(current.get("phase") or "", str):
+        return dict(UNREADABLE)
+    return current
+
+
+def takeover_code(lock):
+    """The code that names lock for a takeover: 12 hex digits of a digest of its holder and since."""
+    return hashlib.sha256(f"{lock.get('holder')}\0{lock.get('since')}".encode()).hexdigest()[:12]
 
 
 def _guarded(path, action):
@@ -86,14 +111,14 @@ def _refusal(current, now):
                 f"is alive and keeps the lease: it is not taken over. The lock is free "
                 f"within {round(current['expires'] - current.get('renewed', now))}s of that worker's end.")
     return (f"CT is being redeployed by {describe(current)} ({lease}); it is free once the lease ends, "
-            f"unless renewed; if that run is known to be gone, take the lock over with lock_takeover "
-            f"naming it (the playbooks: -e "
-            f"{shlex.quote(json.dumps({'redeploy_lock_takeover': current.get('holder')}))}).")
+            f"unless renewed; if that run is known to be gone, take the lock over with its takeover code "
+            f"(the playbooks: -e redeploy_lock_takeover={takeover_code(current)}).")
 
 
-def acquire(path, holder, ttl, now=None, takeover=None, phase=None):
+def acquire(path, holder, ttl, now=None, takeover=None, phase=None, takeover_holder=None):
     """Take or renew the lock for holder, recording the phase its holder is in; a live lease of
-    another holder only when takeover names it and no worker of that holder runs.
+    another holder only when takeover is its takeover code (a person's), or takeover_holder its
+    holder (the CT's own agents'), and no worker of that holder runs.
     Returns (changed, lock, taken_over_from)."""
     now = time.time() if now is None else now
 
@@ -102,7 +127,9 @@ def acquire(path, holder, ttl, now=None, takeover=None, phase=None):
         taken_over = None
         if current is not None and current.get("holder") != holder:
             live = current.get("expires", 0) > now
-            if live and (current.get("holder") != takeover or live_worker(current) is not None):
+            named = (takeover == takeover_code(current)
+                     or (takeover_holder is not None and current.get("holder") == takeover_holder))
+            if live and (not named or live_worker(current) is not None):
                 raise LockHeld(_refusal(current, now), current)
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
@@ -150,10 +177,10 @@ def keep_alive(lease, worker_pidfd, worker):
             return
 
 
-def take(path, holder, ttl, takeover=None, phase=None):
+def take(path, holder, ttl, takeover=None, phase=None, takeover_holder=None):
     """acquire() as a result: the lock in place, whom it was taken over from, changed, msg."""
     now = time.time()
-    changed, held, taken_over = acquire(path, holder, ttl, now, takeover, phase)
+    changed, held, taken_over = acquire(path, holder, ttl, now, takeover, phase, takeover_holder)
     msg = f"locked for {holder}"
     if taken_over:
         how = "expired" if taken_over.get("expires", 0) <= now else "live (lock_takeover)"

@@ -85,7 +85,6 @@ def record_launch(lifecycle, params, pid):
         "stop": {key: value for key, value in (lifecycle.get("stop") or {}).items() if key not in ONE_STOP_ONLY},
         "stage_models": lifecycle.get("stage_models"),
         "lock_path": lifecycle.get("lock_path"),
-        "members": lifecycle.get("members"),
         "release": params.get("release"),
         "launched_at": time.time(),
         "pid": pid,

@@ -15,9 +15,13 @@ aborts the start: each is refused before anything changes.
 from __future__ import annotations
 
 import os
+import pkgutil
 import re
 
-SCRIPT_NAME = "dflash-lifecycle-hook.sh"
+SCRIPT_NAME = "dflash-lifecycle-hook.py"
+# the shell script of before 0.4.0, which took a gang's members from the CT: where a node still has
+# it, the install makes it a link to the script above, and a CT that names it is set to the new name
+LEGACY_SCRIPT_NAME = "dflash-lifecycle-hook.sh"
 CHAIN_DIR = "dflash-lifecycle-hook.d"
 VOLUME_RE = re.compile(r"^([a-z][a-z0-9\-_.]*[a-z0-9]):(snippets/[^/]+)$", re.IGNORECASE)
 
@@ -47,6 +51,12 @@ def snippets_dir(storage, scfg, node):
     return os.path.join(scfg["path"], "snippets")
 
 
+def script_text():
+    """The hookscript as the nodes get it: installed_hookscript.py whole, after its interpreter line
+    (the module that installs it imports installed_hookscript, so its payload holds the file)."""
+    return "#!/usr/bin/python3\n" + pkgutil.get_data(__package__, "installed_hookscript.py").decode()
+
+
 def volume(storage, name=SCRIPT_NAME):
     return f"{storage}:snippets/{name}"
 
@@ -60,16 +70,23 @@ def current_hookscript(config_text):
     return None
 
 
+def is_ours(volid):
+    """Whether a CT's hookscript setting names this project's script (or its legacy one), on any storage."""
+    return bool(volid and VOLUME_RE.match(volid) and volid.rsplit("/", 1)[-1] in (SCRIPT_NAME, LEGACY_SCRIPT_NAME))
+
+
 def plan_ct(vmid, current, ours, chain):
     """What to do with CT vmid's hookscript setting: (set_to or None, chain or None). current: its
     hookscript now; ours: this project's volume; chain: the volume the user asked to chain to, or
     None. Raises Refused for a hookscript of someone else's that chain does not name."""
     if chain is not None and not VOLUME_RE.match(chain):
         raise Refused(f"pve_hook_chain: '{chain}' is not a <storage>:snippets/<file> volume")
-    if chain == ours:
+    if is_ours(chain):
         raise Refused(f"pve_hook_chain: '{chain}' is this project's own hookscript")
-    if current in (None, ours):
+    if current is None or current == ours:
         return (None if current == ours else ours), chain
+    if is_ours(current):  # the legacy script, or ours on another storage
+        return ours, chain
     if chain == current:
         return ours, chain
     named = f" (pve_hook_chain: '{chain}' names another script)" if chain else ""

@@ -15,7 +15,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spe
 from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
 
 LOCAL = {"storage": "local", "type": "dir", "path": "/var/lib/vz", "content": "iso,vztmpl,backup,snippets"}
-OURS = "local:snippets/dflash-lifecycle-hook.sh"
+OURS = "local:snippets/dflash-lifecycle-hook.py"
 
 
 def test_the_script_goes_into_the_storages_snippets_directory():
@@ -105,7 +105,7 @@ def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_be
     assert params["lifecycle"]["stop"] == spec["stop"]
     # what the relaunch keeps in its turn: the next Proxmox stop finds it all again
     assert {key for key, value in params["lifecycle"].items() if value is None} == {
-        "dir", "stage_models", "members", "gang_base"}
+        "dir", "stage_models", "gang_base"}
     # the run's next generation: the supervisor's rounds go on where the job's launch began them
     assert params["lifecycle"]["rounds_dir"] == spec["rounds_dir"] and params["lifecycle"]["round"] == spec["round"] + 1
     gang = dict(spec, launch=dict(spec["launch"], gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "a",
@@ -154,14 +154,22 @@ def test_a_gang_relaunches_once_every_member_is_up_since_the_newest_pause(tmp_pa
     assert gang_round is None and missing.startswith("a, c did not come back within 0 s") and "THE GANG STAYS DOWN" in missing
 
 
-def test_a_gang_members_hook_names_the_other_members_and_a_lone_cts_none(tmp_path, capsys):
-    directory = str(tmp_path / "lifecycle")
-    members = {"names": ["ct400", "ct401", "ct402"], "vmids": [400, 401, 402],
-               "addresses": ["10.1.2.6", "10.1.2.7", ""], "ports": [22, 22, 22]}
-    lifecycle = {"dir": directory, "stop": STOP, "members": members}
-    launch = dict(LAUNCH, gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "ct400", "members": members["names"]})
-    run_spec.record_launch(lifecycle, launch, 4242)
-    assert pve_hook.peers(directory) == 0
-    # itself left out, and a member whose node has no address cannot be reached
-    assert capsys.readouterr().out == "10.1.2.7 22 401 ct401\n"
-    assert pve_hook.peers(launched(tmp_path / "alone")) == 0 and capsys.readouterr().out == ""
+def test_the_pre_stop_bound_holds_the_lock_wait_the_stop_budget_and_the_margin():
+    """The node ends a pre-stop at this bound: with the defaults, 3 s of a gang's margin, 900 s for a
+    job that holds the lock, the stop's worst case (1800 s for the next checkpoint, the ladder's 160 s with
+    its graceful stage grown to 900 s, 10 s of diagnostics a stage) and 30 s of the agent's own."""
+    assert pve_hook.pre_stop_bound({}, 3) == 3 + 900 + 1800 + (120 + 30 + 10 + 780) + 30 + 30
+    short = {"graceful_wait_cap": 60, "no_graceful": "proceed", "next_checkpoint_timeout": 10, "request_ack_timeout": 5,
+             "ladder": [{"signal": "SIGINT", "scope": "main", "wait": "20"}, {"signal": "SIGKILL", "scope": "tree", "wait": 5}]}
+    assert pve_hook.pre_stop_bound(short, 0) == 60 + (5 + 60) + (20 + 5 + 40) + 2 * 10 + 30
+    with pytest.raises(ValueError, match=r"ladder\[0\]\.wait"):
+        pve_hook.pre_stop_bound({"ladder": [{"signal": "SIGINT", "wait": "soon"}]}, 3)
+
+
+def test_the_legacy_script_and_ours_on_another_storage_are_ours_to_replace():
+    legacy = "local:snippets/dflash-lifecycle-hook.sh"
+    assert hookscript.is_ours(legacy) and hookscript.is_ours("nfs:snippets/dflash-lifecycle-hook.py")
+    assert not hookscript.is_ours("local:snippets/other.py") and not hookscript.is_ours(None)
+    assert hookscript.plan_ct(200, legacy, OURS, None) == (OURS, None)
+    with pytest.raises(hookscript.Refused, match="is this project's own hookscript"):
+        hookscript.plan_ct(200, None, OURS, legacy)

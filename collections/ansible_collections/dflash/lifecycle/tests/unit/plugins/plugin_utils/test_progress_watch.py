@@ -59,7 +59,7 @@ def test_a_launch_with_its_stop_first_shows_the_stop_then_the_launch(monkeypatch
 
     class Files:
         def exec_command(self, command):
-            path = command.split()[1]
+            path = command.split()[-2]  # head -c N <path> 2>/dev/null
             return (0, json.dumps(files[path]).encode(), b"") if path in files else (1, b"", b"")
 
     assert progress_watch.stop_progress_file({"detach_dir": "/run/dflash"}) == "/run/dflash/stop.progress.json"
@@ -68,6 +68,36 @@ def test_a_launch_with_its_stop_first_shows_the_stop_then_the_launch(monkeypatch
     assert watch.run(lambda: time.sleep(0.35) or {"ok": 1}) == {"ok": 1}
     assert shown == ["ct1: waiting for health: 12.5s of 300s, no progress line yet",
                      "ct1: stop stage 1 (SIGINT): 12.0s of 120s, 1 process(es) of the run still running"]
+
+
+def test_a_progress_file_the_ct_planted_never_fails_the_task_nor_reaches_the_terminal_raw(monkeypatch):
+    """The CT's root writes the progress file: wrong types, a list, a huge file, escape sequences
+    and a template. The task goes on; no escape sequence and no template opener is shown; a file that
+    is not the module's is said once; at most PROGRESS_BYTES are read."""
+    shown, commands = [], []
+    monkeypatch.setattr(progress_watch.display, "display", shown.append)
+    monkeypatch.setattr(progress_watch, "FIRST_AFTER", 0.05)
+    monkeypatch.setattr(progress_watch, "EVERY", 0.05)
+    planted = iter([
+        {"stage": "1\x1b[2J", "signal": "{{ lookup('pipe', 'id') }}\x1b]0;owned\x07", "elapsed": 1.0, "running": 1},
+        {"stage": 1, "signal": "SIGINT", "elapsed": "x", "bound": [], "running": 1, "checkpoint_bytes": "many"},
+        ["not", "a", "mapping"],
+        {"stage": 1, "signal": "SIGINT", "elapsed": 1.0, "running": 1, "steps_since_checkpoint": {"a": 1}},
+    ])
+
+    class Planted:
+        def exec_command(self, command):
+            commands.append(command)
+            return 0, json.dumps(next(planted, {"stage": 2})).encode(), b""
+
+    watch = progress_watch.ProgressWatch(Planted(), "/run/dflash/stop.progress.json", progress_watch.stop_words, "ct1")
+    assert watch.run(lambda: time.sleep(0.5) or {"ok": 1}) == {"ok": 1}
+    assert all(command.startswith(f"head -c {progress_watch.PROGRESS_BYTES} ") for command in commands)
+    text = "\n".join(shown)
+    assert "\x1b" not in text and "\x07" not in text and "{{" not in text, shown
+    assert "ct1: stop stage 1[2J ({ { lookup('pipe', 'id') }}]0;owned)" in text, shown
+    assert shown.count("ct1: its progress file /run/dflash/stop.progress.json is not one the module writes: "
+                       "its progress is not shown") == 1, shown
 
 
 def test_a_launchs_progress_files_are_set_for_it_and_for_its_stop_first():
