@@ -287,7 +287,7 @@ def test_4_answers_with_templates_and_escape_sequences_in_every_string_render_no
 
 
 def test_5_a_planted_lock_file_and_log_are_shown_clean_and_hold_nothing(testbed):
-    in_ct(testbed, FORGER_NODE, FORGER_VMID, f"{END_RUNS}; mkdir -p /run/dflash /workspace/logs && "
+    in_ct(testbed, FORGER_NODE, FORGER_VMID, f"{END_RUNS}; mkdir -p -m 700 /run/dflash && mkdir -p /workspace/logs && "
           "cat > /run/dflash/redeploy.lock <<'EOF'\n"
           + json.dumps({"holder": TEMPLATE + ESCAPES, "since": 1, "expires": 4e9, "renewed": "x", "worker": "me"})
           + "\nEOF\nprintf 'step 1 \\033[2J\\033]0;owned\\007 %s\\n' " + shlex.quote(TEMPLATE) + " >> /workspace/logs/train.log")
@@ -301,3 +301,31 @@ def test_5_a_planted_lock_file_and_log_are_shown_clean_and_hold_nothing(testbed)
         assert markers(testbed) == []
     finally:
         in_ct(testbed, FORGER_NODE, FORGER_VMID, "rm -f /run/dflash/redeploy.lock /workspace/logs/train.log", check=False)
+
+
+def test_6_a_progress_file_the_ct_plants_during_a_long_stop_fails_nothing_and_shows_clean(testbed):
+    """A stop whose checkpoint takes 14 s (the controller shows its progress after 10 s) while the CT's
+    root keeps replacing the progress file with other types, escape sequences and a template."""
+    in_ct(testbed, FORGER_NODE, FORGER_VMID, f"{END_RUNS}; mkdir -p /dev/shm/models/target /workspace/data && "
+                                             "echo '{}' > /dev/shm/models/target/config.json && "
+                                             "echo 'a b c d' > /workspace/data/corpus.txt")
+    slow = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "14", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    started = make("restart", f"HOST={FORGER}", extra=slow)
+    assert started.returncode == 0, started.stdout[-3000:]
+    planted = [{"stage": "1" + ESCAPES, "signal": TEMPLATE, "elapsed": "x", "bound": [], "running": 1},
+               {"stage": 1, "signal": "SIGINT", "elapsed": 1.0, "running": 1, "checkpoint_bytes": "many"}]
+    writes = " ".join(f"printf '%s' {shlex.quote(json.dumps(p))} > /run/dflash/p.tmp && "
+                      "mv /run/dflash/p.tmp /run/dflash/stop.progress.json;" for p in planted)
+    in_ct(testbed, FORGER_NODE, FORGER_VMID, f"setsid sh -c {shlex.quote(f'while :; do {writes} sleep 0.05; done')} "
+                                             "> /dev/null 2>&1 < /dev/null & echo $! > /root/planter.pid")
+    try:
+        stopped = make("stop", f"HOST={FORGER}")
+        output = stopped.stdout + stopped.stderr
+        assert stopped.returncode == 0, output[-3000:]
+        clean(output)
+        assert re.search(rf"{FORGER}: (stop stage 1\[2J|its progress file /run/dflash/stop.progress.json is not one "
+                         "the module writes)", output), output[-3000:]
+        assert markers(testbed) == []
+    finally:
+        in_ct(testbed, FORGER_NODE, FORGER_VMID, f"kill $(cat /root/planter.pid); rm -f /root/planter.pid; {END_RUNS}",
+              check=False)

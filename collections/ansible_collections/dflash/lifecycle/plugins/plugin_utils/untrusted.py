@@ -39,7 +39,8 @@ OUTPUT_CHARS = 1 << 20
 # what any module may return, beside its own RETURN
 COMMON = {"changed": {"type": "bool"}, "failed": {"type": "bool"}, "skipped": {"type": "bool"},
           "msg": {"type": "str"}, "rc": {"type": "int"}, "exception": {"type": "str"},
-          "warnings": {"type": "list", "elements": "str"}, "deprecations": {"type": "list", "elements": "dict"},
+          # a message, or (ansible-core 2.19's modules) a mapping that holds one
+          "warnings": {"type": "list"}, "deprecations": {"type": "list"},
           "invocation": {"type": "dict"}}
 # the answers of one module held in another's, as its RETURN says ("as M(...) returns it")
 HELD = {"trainer_preflight": {("launch",): "trainer_process"},
