@@ -61,7 +61,7 @@ def documented(module):
         tree = ast.parse(handle.read())
     text = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
                 and getattr(node.targets[0], "id", None) == "RETURN")
-    return dict(COMMON, **(yaml.safe_load(text) or {}))
+    return dict(COMMON, **(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}))
 
 
 def _kind(value):
@@ -111,15 +111,26 @@ def cleaned(value):
     return value
 
 
+DEEPER = "nested deeper than any answer of the module"
+
+
 def taken_output(module, output, host):
     """A module's output (its stdout) from CT host as ansible-core may parse it: the answer checked
     and cleaned (taken), as JSON; output that is not one JSON mapping cleaned as text, so that what
     ansible-core says of it (junk around the JSON, a failed parse) shows nothing raw."""
     try:
         answer = json.loads(output)
+    except RecursionError:
+        return json.dumps(_malformed(module, host, DEEPER))
     except ValueError:
         return printable(output, OUTPUT_CHARS, lines=True)
     return json.dumps(taken(module, answer, host))
+
+
+def _malformed(module, host, why):
+    return {"failed": True, "malformed": True,
+            "msg": f"{printable(host, KEY_CHARS)}: the answer of dflash.lifecycle.{module} from the CT is malformed "
+                   f"({printable(why)}); none of it is used"}
 
 
 def taken(module, result, host):
@@ -127,11 +138,11 @@ def taken(module, result, host):
     failure that names the CT, the module and the field, holding nothing of the answer."""
     try:
         check_answer(module, result)
+        result = cleaned(result)
     except Malformed as err:
-        return {"failed": True, "malformed": True,
-                "msg": f"{printable(host, KEY_CHARS)}: the answer of dflash.lifecycle.{module} from the CT is malformed "
-                       f"({printable(err)}); none of it is used"}
-    result = cleaned(result)
+        return _malformed(module, host, err)
+    except RecursionError:
+        return _malformed(module, host, DEEPER)
     result.pop("ansible_facts", None)
     return result
 

@@ -84,6 +84,8 @@ def printable(text, limit=LINE_CHARS, lines=False):
     published to AWX, it templates nothing), at most limit characters. The controller shows what a
     CT wrote through this too (plugin_utils/untrusted.py)."""
     text = (text if isinstance(text, str) else str(text))[:4 * limit]  # the work bounded too
+    if text.isascii() and text.isprintable() and "{" not in text:  # most text: nothing to remove
+        return text if len(text) <= limit else text[:limit - 1] + "…"
     kept = "".join(" " if char == "\t" else char for char in text
                    if char == "\t" or (lines and char == "\n")
                    or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn"))

@@ -56,6 +56,20 @@ def test_output_that_is_not_one_json_mapping_is_cleaned_as_text_and_a_list_is_ma
         {"pid": 1, "cmdline": "ab"}
 
 
+def test_an_answer_nested_deeper_than_python_reads_is_malformed_not_a_crash():
+    deep = '{"lock": ' * 5000 + "1" + "}" * 5000
+    assert json.loads(untrusted.taken_output("trainer_info", deep, "ct1")) == {
+        "failed": True, "malformed": True,
+        "msg": "ct1: the answer of dflash.lifecycle.trainer_info from the CT is malformed (nested deeper than any "
+               "answer of the module); none of it is used"}
+    nested = {"lock": {}}
+    inner = nested["lock"]
+    for _ in range(3000):
+        inner["x"] = {}
+        inner = inner["x"]
+    assert "nested deeper than any answer of the module" in untrusted.taken("trainer_info", nested, "ct1")["msg"]
+
+
 def test_every_module_that_runs_in_a_ct_documents_what_it_returns():
     for module in ("trainer_preflight", "trainer_process", "staged_stop", "trainer_info", "trainer_release",
                    "model_stage", "redeploy_lock"):
