@@ -28,6 +28,7 @@ Each phase prints one line for the node's task log and keeps its outcome in the 
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -231,7 +232,20 @@ def relaunch_params(spec, health_dir=None):
 
 
 def resume(directory, phase="post-start"):
-    """In the detached process post-start left: bring the run back. Returns the exit status."""
+    """In the detached process post-start left: bring the run back, one relaunch a CT at a time. A
+    gang's CT is asked by its own node and by every other member's: the second relaunch waits for
+    the first (an flock, gone with its process), then finds the run running. Two at once would both
+    pass the check for a running trainer, and both launch: two agents of one member in the gang's
+    rendezvous. Returns the exit status."""
+    guard = os.open(os.path.join(directory, "resume.lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        return _resume(directory, phase)
+    finally:
+        os.close(guard)
+
+
+def _resume(directory, phase):
     from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 

@@ -99,7 +99,7 @@ EXAMPLES = r"""
     storage: local
     node: "{{ inventory_hostname }}"
     policies:
-      200: {name: ct200, lifecycle_dir: /var/lib/dflash/lifecycle, pre_stop_s: 2933, post_start_s: 10,
+      200: {name: ct200, lifecycle_dir: /var/lib/dflash/lifecycle, pre_stop_s: 3703, post_start_s: 30,
             gang_margin_s: 3, gang: []}
 
 - name: Set it on ct200, keeping the hookscript it had

@@ -52,7 +52,7 @@ NODE_RE = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$")  # pve-co
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # an inventory name, as the install writes it
 PATH_RE = re.compile(r"^(/[A-Za-z0-9_.-]+)+$")
 POLICY_DIR = "dflash-lifecycle-hook.d"
-DEFAULT_POLICY = {"lifecycle_dir": "/var/lib/dflash/lifecycle", "pre_stop_s": 3600.0, "post_start_s": 10.0,
+DEFAULT_POLICY = {"lifecycle_dir": "/var/lib/dflash/lifecycle", "pre_stop_s": 3600.0, "post_start_s": 30.0,
                   "gang_margin_s": 3.0, "gang": []}
 BOUNDS = {"pre_stop_s": (1.0, 86400.0), "post_start_s": (1.0, 3600.0), "gang_margin_s": (0.0, 60.0)}
 # what a CT's output may show in the task's log: lines per CT, characters per line

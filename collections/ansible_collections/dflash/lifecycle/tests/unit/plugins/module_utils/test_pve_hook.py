@@ -173,3 +173,24 @@ def test_the_legacy_script_and_ours_on_another_storage_are_ours_to_replace():
     assert hookscript.plan_ct(200, legacy, OURS, None) == (OURS, None)
     with pytest.raises(hookscript.Refused, match="is this project's own hookscript"):
         hookscript.plan_ct(200, None, OURS, legacy)
+
+
+def test_a_second_relaunch_in_one_ct_waits_for_the_first(tmp_path, monkeypatch):
+    """A gang's CT is asked to come back by its own node and by each other member's: the relaunches
+    run one after the other, so the second finds the run the first launched."""
+    import fcntl
+    import threading
+    import time
+
+    order = []
+    monkeypatch.setattr(pve_hook, "_resume", lambda directory, phase: order.append(("relaunch", time.monotonic())) or 0)
+    guard = os.open(tmp_path / "resume.lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(guard, fcntl.LOCK_EX)  # the first relaunch, under way
+    second = threading.Thread(target=pve_hook.resume, args=(str(tmp_path),))
+    second.start()
+    time.sleep(0.3)
+    assert order == [] and second.is_alive()
+    released = time.monotonic()
+    os.close(guard)  # the first one's end
+    second.join(5)
+    assert len(order) == 1 and order[0][1] >= released

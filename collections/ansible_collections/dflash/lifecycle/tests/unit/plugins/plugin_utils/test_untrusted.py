@@ -62,11 +62,10 @@ def test_an_answer_nested_deeper_than_python_reads_is_malformed_not_a_crash():
         "failed": True, "malformed": True,
         "msg": "ct1: the answer of dflash.lifecycle.trainer_info from the CT is malformed (nested deeper than any "
                "answer of the module); none of it is used"}
-    nested = {"lock": {}}
-    inner = nested["lock"]
-    for _ in range(3000):
-        inner["x"] = {}
-        inner = inner["x"]
+    nested = inner = {}
+    for depth in range(3000):
+        inner["lock" if depth == 0 else "x"] = {}
+        inner = inner["lock" if depth == 0 else "x"]
     assert "nested deeper than any answer of the module" in untrusted.taken("trainer_info", nested, "ct1")["msg"]
 
 
