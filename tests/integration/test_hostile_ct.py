@@ -304,12 +304,12 @@ def test_5_a_planted_lock_file_and_log_are_shown_clean_and_hold_nothing(testbed)
 
 
 def test_6_a_progress_file_the_ct_plants_during_a_long_stop_fails_nothing_and_shows_clean(testbed):
-    """A stop whose checkpoint takes 14 s (the controller shows its progress after 10 s) while the CT's
+    """A stop whose checkpoint takes 12 s (the controller shows its progress after 10 s) while the CT's
     root keeps replacing the progress file with other types, escape sequences and a template."""
     in_ct(testbed, FORGER_NODE, FORGER_VMID, f"{END_RUNS}; mkdir -p /dev/shm/models/target /workspace/data && "
                                              "echo '{}' > /dev/shm/models/target/config.json && "
                                              "echo 'a b c d' > /workspace/data/corpus.txt")
-    slow = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "14", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
+    slow = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "12", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
     started = make("restart", f"HOST={FORGER}", extra=slow)
     assert started.returncode == 0, started.stdout[-3000:]
     planted = [{"stage": "1" + ESCAPES, "signal": TEMPLATE, "elapsed": "x", "bound": [], "running": 1},
