@@ -8,25 +8,23 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
-from ansible_collections.dflash.lifecycle.plugins.module_utils.node import installed_hookscript
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
 
 
 def pve_hook_policy(name, vmid, stop, lifecycle_dir, post_start_s, gang_margin_s, gang_names=(), gang_vmids=(),
                     pre_stop_s=0):
     """The policy the node's hookscript keeps for CT vmid (name): every field from the controller's
-    inventory; pre_stop_s 0: derived from the run's stop options."""
+    inventory; pre_stop_s 0: derived from the run's stop options. pve_hookscript checks it, as the
+    hookscript does, before it writes anything."""
     if len(gang_names) != len(gang_vmids):
         raise AnsibleFilterError("pve_hook_policy: gang_names and gang_vmids differ in length")
     try:
-        policy = {"name": name, "lifecycle_dir": lifecycle_dir,
-                  "pre_stop_s": float(pre_stop_s) or round(pve_hook.pre_stop_bound(stop or {}, gang_margin_s), 1),
-                  "post_start_s": float(post_start_s), "gang_margin_s": float(gang_margin_s),
-                  "gang": [{"name": member, "vmid": int(member_vmid)} for member, member_vmid in zip(gang_names, gang_vmids)]}
-        installed_hookscript.checked_policy(vmid, policy)
-    except (InvalidParameter, installed_hookscript.PolicyError, TypeError, ValueError) as err:
+        return {"name": name, "lifecycle_dir": lifecycle_dir,
+                "pre_stop_s": float(pre_stop_s) or round(pve_hook.pre_stop_bound(stop or {}, gang_margin_s), 1),
+                "post_start_s": float(post_start_s), "gang_margin_s": float(gang_margin_s),
+                "gang": [{"name": member, "vmid": int(member_vmid)} for member, member_vmid in zip(gang_names, gang_vmids)]}
+    except (InvalidParameter, TypeError, ValueError) as err:
         raise AnsibleFilterError(f"pve_hook_policy of {name} (CT {vmid}): {err}") from None
-    return policy
 
 
 class FilterModule:

@@ -102,8 +102,7 @@ def pre_stop_bound(stop, margin):
     (the install writes it into the CT's policy on every node)."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
 
-    cap = stop.get("graceful_wait_cap")
-    lock_wait = float(stop_options.ARGUMENT_SPEC["graceful_wait_cap"]["default"] if cap is None else cap)
+    lock_wait = float(stop_options.given(stop, "graceful_wait_cap"))
     return float(margin) + lock_wait + stop_options.worst_case_s(stop) + PRE_STOP_SLACK_S
 
 

@@ -48,17 +48,22 @@ def _read(path):
         current = read_json(path)
     except ValueError:
         return dict(UNREADABLE)
-    if current is None:
-        return None
-    numbers = ("since", "expires", "renewed")
-    if not isinstance(current, dict) or not isinstance(current.get("holder"), str) \
-            or any(isinstance(current.get(key), bool) or not isinstance(current.get(key, 0), (int, float))
-                   for key in numbers) \
-            or not (current.get("worker") is None or (isinstance(current["worker"], list) and len(current["worker"]) == 2
-                                                      and all(isinstance(i, int) for i in current["worker"]))) \
-            or not isinstance(current.get("phase") or "", str):
-        return dict(UNREADABLE)
-    return current
+    if current is None or _is_lock(current):
+        return current
+    return dict(UNREADABLE)
+
+
+def _is_lock(current):
+    """Whether current has the fields and types of a lock this code writes."""
+    if not isinstance(current, dict) or not isinstance(current.get("holder"), str):
+        return False
+    if not isinstance(current.get("phase") or "", str):
+        return False
+    if any(isinstance(current.get(key), bool) or not isinstance(current.get(key, 0), (int, float))
+           for key in ("since", "expires", "renewed")):
+        return False
+    worker = current.get("worker")
+    return worker is None or (isinstance(worker, list) and len(worker) == 2 and all(isinstance(i, int) for i in worker))
 
 
 def takeover_code(lock):

@@ -117,22 +117,25 @@ def validate_ladder(ladder):
     return stages
 
 
+def given(options, name):
+    """Option name of a mapping of the stop's options, its default where the mapping leaves it out."""
+    value = options.get(name)
+    return ARGUMENT_SPEC[name]["default"] if value is None else value
+
+
 def worst_case_s(options):
     """The longest a staged stop with these options (a mapping of them; defaults for the others) can
     take: the stop request's acknowledgement and the save after it, or the wait for the next
-    periodic checkpoint (no_graceful wait_for_checkpoint), whichever is longer; then every stage of the ladder, the graceful first one
-    grown up to graceful_wait_cap while its checkpoint is written, each after its diagnostics."""
-    def seconds(name):
-        value = options.get(name)
-        return float(ARGUMENT_SPEC[name]["default"] if value is None else value)
-
-    stages = validate_ladder(options.get("ladder") or [dict(stage) for stage in DEFAULT_LADDER])
-    cap = seconds("graceful_wait_cap")
-    before = seconds("request_ack_timeout") + cap
-    if (options.get("no_graceful") or ARGUMENT_SPEC["no_graceful"]["default"]) == "wait_for_checkpoint":
-        before = max(before, seconds("next_checkpoint_timeout"))
+    periodic checkpoint (no_graceful wait_for_checkpoint), whichever is longer; then every stage of
+    the ladder, the graceful first one grown up to graceful_wait_cap while its checkpoint is
+    written, each after its diagnostics."""
+    stages = validate_ladder(given(options, "ladder"))
+    cap = float(given(options, "graceful_wait_cap"))
+    before = float(given(options, "request_ack_timeout")) + cap
+    if given(options, "no_graceful") == "wait_for_checkpoint":
+        before = max(before, float(given(options, "next_checkpoint_timeout")))
     ladder = sum(stage["wait"] for stage in stages) + max(0.0, cap - stages[0]["wait"])
-    return before + ladder + len(stages) * seconds("py_spy_timeout")
+    return before + ladder + len(stages) * float(given(options, "py_spy_timeout"))
 
 
 def checked(params, where):
