@@ -1,12 +1,18 @@
 #!/usr/bin/env python3
 """The run's supervisor (module_utils/supervisor.py) on CT 201 of the testbed, the example trainer
-launched by redeploy.yml with the supervisor's default policy but for a short back-off and hang
-floor (SETTINGS):
+as people run theirs - the real torch of `make venv-torch`, each batch from a torch DataLoader with
+two worker processes - launched by redeploy.yml with the supervisor's default policy but for a
+short back-off and hang floor (SETTINGS):
 
-- crash: a probe in the CT kills the trainer (SIGKILL) and watches for the new run's first
-  progress line; the time between, less the back-off and less the trainer's own start-up (its
-  process start to its first progress line, from the launch's record), is the supervisor's own
-  cost: finding the exit, the relaunch's checks and staging, the start. REPEAT rounds, medians;
+- crash: a probe in the CT kills the trainer's main process (SIGKILL; its DataLoader workers
+  outlive it) and watches for the new run's first progress line; the time between, less the
+  back-off and less the trainer's own start-up (its process start to its first progress line, from
+  the launch's record), is the supervisor's own cost: finding the exit, ending the dead run's
+  leftovers, the relaunch's checks and staging, the start. REPEAT rounds, medians;
+- hung collective: the probe makes the trainer block for ever in a C call right after a progress
+  line (the fault file's hang-in-c) and watches for the new run's first progress line: from the
+  hang's declaration to it, less the back-off and the start-up, against the run's own interval;
+- GPU idle of each: the old run's last progress line to the new run's first;
 - hang: the probe records when each progress line arrives, stops the trainer (SIGSTOP) right after
   one, and reads when the supervisor declared the hang: that delay against the run's observed
   interval between progress lines (and the timeout the supervisor learned);
@@ -30,30 +36,58 @@ from testlib import END_RUNS, LiveTestbed, testbed_mod, tool_env  # noqa: E402
 
 NODE, VMID, CT = "pve1", "201", "ct201"
 BACKOFF_S = 2
+FAULT = "/run/dflash-bench-fault"
+# a back-off that does not double, and no crash-loop bound within the bench's rounds
 SETTINGS = {"trainer_launch_health_seconds": 1, "trainer_launch_supervise_backoff_s": BACKOFF_S,
-            "trainer_launch_supervise_hang_floor_s": 5, "trainer_launch_supervise_hang_factor": 3}
+            "trainer_launch_supervise_backoff_max_s": BACKOFF_S, "trainer_launch_supervise_crash_loop_restarts": 100,
+            "trainer_launch_supervise_hang_floor_s": 5, "trainer_launch_supervise_hang_factor": 3,
+            "trainer_run_python": os.path.join(REPO, ".venv-torch", "bin", "python"),
+            "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_DATALOADER_WORKERS": "2", "DFLASH_TEST_FAULT_FILE": FAULT}}
 REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))
 WATCH_S = float(os.environ.get("BENCH_WATCH_S", "30"))
 LIFECYCLE = "/var/lib/dflash/lifecycle"
 
-# in the CT: the trainer killed, then the new run's first progress line (its arrival, polled every 10 ms)
-CRASH_PROBE = r"""
-import json, os, re, signal, time
-progress = re.compile(r" step \d+ .*tok/s")
+# in the CT: the trainer killed right after a progress line (crash), or made to block for ever in
+# a C call at its next progress line (hang-in-c), then the new run's first progress line (each line's
+# arrival, read every 10 ms)
+END_PROBE = r"""
+import json, os, re, signal, sys, time
+progress = re.compile(rb" step \d+ .*tok/s")
+log, how = "/workspace/logs/train.log", sys.argv[1]
 old = int(open("/run/dflash/trainer.pid").read().split()[0])
-killed = time.time()
-os.kill(old, signal.SIGKILL)
-while time.time() - killed < 300:
+offset, inode = os.path.getsize(log), os.stat(log).st_ino
+def lines():
+    global offset, inode
+    with open(log, "rb") as handle:
+        if os.fstat(handle.fileno()).st_ino != inode:  # the relaunch rotated the log: the new one from its start
+            offset, inode = 0, os.fstat(handle.fileno()).st_ino
+        handle.seek(offset)
+        data = handle.read()
+    offset += len(data)
+    return data
+while not progress.search(lines()):
+    time.sleep(0.005)
+last = began = time.time()
+if how == "crash":
+    os.kill(old, signal.SIGKILL)
+else:
+    open(FAULT, "w").write("hang-in-c")
+seen = b""  # what the log got since the end, searched whole: the new run's first line may come before its pidfile
+while time.time() - began < 600:
+    data = lines()
+    seen += data
     try:
         pid = int(open("/run/dflash/trainer.pid").read().split()[0])
-        text = open("/workspace/logs/train.log", errors="replace").read() if pid != old else ""
     except (OSError, ValueError, IndexError):
-        text = ""
-    if f"pid={pid} " in text and progress.search(text[text.find(f"pid={pid} "):]):
-        print(json.dumps({"killed": killed, "progress": time.time(), "pid": pid}))
+        pid = old
+    at = seen.find(f"pid={pid} ".encode()) if pid != old else -1
+    if at < 0 and progress.search(data):
+        last = time.time()
+    if at >= 0 and progress.search(seen[at:]):
+        print(json.dumps({"ended": began, "last_progress": last, "progress": time.time(), "pid": pid}))
         break
     time.sleep(0.01)
-"""
+""".replace("FAULT", repr(FAULT))
 
 # in the CT: progress lines' arrivals, SIGSTOP right after the eighth, then the supervisor's verdict
 HANG_PROBE = r"""
@@ -123,17 +157,31 @@ def main():
                               env=tool_env(), capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stdout[-3000:]
     try:
-        crashes = []
+        crashes, hangs = [], []
         for _ in range(REPEAT):
             watching(bed)
-            seen = probe(bed, CRASH_PROBE)
+            seen = probe(bed, END_PROBE, "crash")
             record = json.loads(in_ct(bed, "cat /run/dflash/launch.json"))
             state = json.loads(in_ct(bed, f"cat {LIFECYCLE}/supervisor.json"))
-            total = seen["progress"] - seen["killed"]
+            total = seen["progress"] - seen["ended"]
             # the back-off doubles with each restart within the window: the one this restart waited
-            crashes.append({"total": total, "found": state["ends"][-1]["at"] - seen["killed"], "backoff": state["backoff_s"],
-                            "startup": record["first_progress_s"],
+            crashes.append({"total": total, "found": state["ends"][-1]["at"] - seen["ended"], "backoff": state["backoff_s"],
+                            "startup": record["first_progress_s"], "idle": seen["progress"] - seen["last_progress"],
+                            "ends": len(state["ends"]), "leftovers": state["ends"][-1].get("leftovers"),
                             "ours": total - state["backoff_s"] - record["first_progress_s"]})
+        for _ in range(REPEAT):
+            watched = watching(bed)
+            seen = probe(bed, END_PROBE, "hang-in-c")
+            record = json.loads(in_ct(bed, "cat /run/dflash/launch.json"))
+            state = json.loads(in_ct(bed, f"cat {LIFECYCLE}/supervisor.json"))
+            end = state["ends"][-1]
+            hangs.append({"interval": max(watched["learned"]["gaps"]), "silent": end["silent_s"],
+                          "stop": end["stop"], "steps_lost": end["steps_lost"],
+                          # declared once silent_s passed after the last beat (the probe saw that line too)
+                          "declared_to_progress": seen["progress"] - (seen["last_progress"] + end["silent_s"]),
+                          "backoff": state["backoff_s"], "startup": record["first_progress_s"],
+                          "idle": seen["progress"] - seen["last_progress"]})
+            hangs[-1]["ours"] = hangs[-1]["declared_to_progress"] - hangs[-1]["backoff"] - hangs[-1]["startup"]
         state = watching(bed)
         usage = probe(bed, USAGE_PROBE, str(state["supervisor"]), str(WATCH_S))
         hang = probe(bed, HANG_PROBE)
@@ -143,12 +191,28 @@ def main():
     def median(key):
         return statistics.median(c[key] for c in crashes)
 
-    print(f"supervisor, CT {VMID} of the testbed, example trainer; medians of {REPEAT} rounds")
-    print(f"  crash (SIGKILL) -> new run's first progress line   {median('total'):6.2f} s")
+    print(f"supervisor, CT {VMID} of the testbed, example trainer with 2 torch DataLoader workers; medians of {REPEAT} rounds")
+    print(f"  crash (SIGKILL of the main process) -> new run's first progress line   {median('total'):6.2f} s")
     print(f"    of it: the back-off (doubling from {BACKOFF_S} s)          {median('backoff'):6.2f} s")
     print(f"    of it: the trainer's own start-up               {median('startup'):6.2f} s")
     print(f"    ours (the rest)                                 {median('ours'):6.2f} s   (goal < 1 s)")
     print(f"    the exit found after                            {median('found'):6.3f} s")
+    print(f"    GPU idle (last progress line -> first of the new run) {median('idle'):6.2f} s")
+    print(f"    ends recorded per crash: {[b['ends'] - a['ends'] for a, b in zip(crashes, crashes[1:])]} "
+          f"(1: no phantom end); leftovers: {crashes[-1]['leftovers']}")
+
+    def hang_median(key):
+        return statistics.median(h[key] for h in hangs)
+
+    interval = hang_median("interval")
+    print(f"  hung collective (blocked for ever in a C call right after a progress line); the run's longest interval "
+          f"{interval:.2f} s")
+    print(f"    declared after its silence of                   {hang_median('silent'):6.2f} s")
+    print(f"    declaration -> new run's first progress line    {hang_median('declared_to_progress'):6.2f} s")
+    print(f"    less the back-off ({hang_median('backoff'):.0f} s) and the start-up ({hang_median('startup'):.2f} s)   "
+          f"{hang_median('ours'):6.2f} s   (goal < 2 intervals + 5 s = {2 * interval + 5:.2f} s)")
+    print(f"    GPU idle (last progress line -> first of the new run) {hang_median('idle'):6.2f} s")
+    print(f"    its stop: {hangs[-1]['stop']}")
     gaps = [b - a for a, b in zip(hang["arrivals"], hang["arrivals"][1:])]
     interval = statistics.median(gaps)
     delay = hang["declared"] - hang["arrivals"][-1]

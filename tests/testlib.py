@@ -261,6 +261,24 @@ END_SUPERVISORS = "for p in $(pgrep -f 'agent[.]zip supervise'); do kill -KILL $
 END_RUNS = f"{END_SUPERVISORS}; for p in $(pgrep -f 'train_dflash_pipeline[.]py'); do kill -KILL $p; done"
 
 
+def supervised_run(testbed, node, vmid, host, settings, wipe):
+    """A module's CT running the example trainer under its supervisor: the CT's runs ended and the
+    paths wipe removed, the CT seeded, then launched by redeploy.yml with settings; yields the testbed,
+    and ends the CT's runs afterwards."""
+    def in_ct(command):
+        return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=False, timeout=120)
+
+    in_ct(END_RUNS)
+    in_ct(f"rm -rf {' '.join(wipe)}")
+    testbed.playbook(os.path.join(REPO, "playbooks", "testbed_seed.yml"), "-e", f"seed_hosts={host}")
+    launched = testbed.playbook(os.path.join(REPO, "redeploy.yml"), "-l", host, "-e", json.dumps(settings), check=False)
+    assert launched.returncode == 0, launched.stdout[-4000:]
+    try:
+        yield testbed
+    finally:
+        in_ct(f"{END_RUNS}; rm -rf {' '.join(wipe)}")
+
+
 def wait_for(what, condition, timeout=120, said=lambda: ""):
     """condition()'s first true value, asked every 0.3 s; AssertionError naming what (and what said()
     tells then) when none came within timeout seconds."""

@@ -119,16 +119,19 @@ def test_a_controller_killed_in_the_stop_leaves_the_worker_to_finish_the_redeplo
 
 
 def test_a_controller_killed_in_the_new_runs_health_wait_leaves_it_running(running):
-    """SIGTERM once the new trainer has started and the worker waits for its health."""
+    """SIGKILL once the new trainer has started and the worker waits for its health (SIGTERM and
+    SIGINT reach ansible-playbook alike: test 1): the task's fork, whose parent died, tells the CT
+    once the module returns, and gives the lock back."""
     before = in_ct(running, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
     since = time.time()
     killed_at(running, "test -s /run/dflash/launch.worker -a "
-                       f"\"$(cut -d' ' -f1 /run/dflash/trainer.pid)\" != {before}", signal.SIGTERM)
+                       f"\"$(cut -d' ' -f1 /run/dflash/trainer.pid)\" != {before}", signal.SIGKILL)
     wait_finished(running, since)
     done = told_gone(running)
     assert done["failed"] is False, done
     now = in_ct(running, "cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip()
     assert trainer_pids(running) == [now] and done["outcome"].startswith(f"trainer PID {now} healthy"), done
+    running.wait_in_ct(NODE, VMID, "! test -e /run/dflash/redeploy.lock", 15, "the lock given back")
 
 
 def test_a_controller_killed_before_the_first_signal_leaves_the_run_alone_and_the_lock_for_one_lease(running, tmp_path):

@@ -82,6 +82,23 @@ class Gang:
     def current(self, host):
         return self.sh(host, "readlink /opt/dflash/current").strip().split("/")[-1]
 
+    def supervisor(self, host):
+        return json.loads(self.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json"))
+
+    def back_whole(self, old, rounds, timeout=180):
+        """{host: its supervisor's state} once the whole gang runs again, relaunched by its supervisors:
+        each CT watching in the round after rounds[host], a new agent (not old[host]'s) with two ranks."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = {host: self.supervisor(host) for host in CTS}
+            now = {host: self.run(host) for host in CTS}
+            if all(s["state"] == "watching" and s["round"] == rounds[h] + 1 and now[h][0] not in (None, old[h][0])
+                   and len(now[h][1]) == 2 for h, s in states.items()):
+                return states
+            time.sleep(1)
+        raise AssertionError(f"the gang did not come back whole: {states} " + "\n".join(
+            self.sh(host, "tail -n 8 /var/lib/dflash/lifecycle/supervisor.log", False) for host in CTS))
+
 
 def running_gang(tmp_path_factory, state_dir, loopback, cluster_net):
     """A gang testbed of its own (state_dir, nodes on loopback, cluster_net), its CTs given a
@@ -405,20 +422,10 @@ def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_super
     old = {host: gang.run(host) for host in CTS}
     assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
     # the run's generation since the job's launch (the hook's relaunches of tests 11 and 12 count too)
-    rounds = {host: json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json"))["round"] for host in CTS}
+    rounds = {host: gang.supervisor(host)["round"] for host in CTS}
     assert len(set(rounds.values())) == 1, rounds
     gang.sh("ct401", f"kill -KILL {old['ct401'][1][0]}")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        states = {host: json.loads(gang.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json")) for host in CTS}
-        now = {host: gang.run(host) for host in CTS}
-        if all(s["state"] == "watching" and s["round"] == rounds[h] + 1 and now[h][0] not in (None, old[h][0])
-               and len(now[h][1]) == 2 for h, s in states.items()):
-            break
-        time.sleep(1)
-    else:
-        raise AssertionError(f"the gang did not come back whole: {states} "
-                             + gang.sh("ct400", "tail -n 8 /var/lib/dflash/lifecycle/supervisor.log"))
+    states = gang.back_whole(old, rounds)
     ends = {host: states[host]["ends"][-1] for host in CTS}
     assert ends["ct401"]["cause"].startswith("crash: the trainer exited with status 1"), ends
     assert ends["ct400"]["cause"].startswith(("crash: the trainer exited", "ct401 of the gang went down")), ends

@@ -8,11 +8,13 @@ driven as a user drives it: `make stop|start|restart HOST=dflash_big INVENTORY=.
    checkpoint, and the redeploy fails naming the cause;
 3. torch found only through dflash_env's PYTHONPATH: the preflight finds it as the run does;
 4. one rank per CT over all of its GPUs, as DFlash's trainer runs; ranks that do not divide the
-   GPUs are refused, with the numbers.
+   GPUs are refused, with the numbers;
+5. a rank blocked in a collective: the whole gang comes back from its newest checkpoint.
 """
 
 import os
 import re
+import time
 
 import pytest
 
@@ -133,3 +135,33 @@ def test_4_a_dflash_shaped_gang_runs_one_rank_per_ct_over_all_of_its_gpus(gang):
     refused = gang.make("check", {"trainer_run_launcher_options": {"nproc_per_node": 3}})
     assert refused.returncode != 0
     assert "nproc_per_node: 3 ranks do not divide the 2 GPUs the run is given" in refused.out, refused.out
+
+
+def test_5_a_rank_blocked_in_a_collective_brings_the_whole_gang_back_from_its_newest_checkpoint(gang):
+    """A rank of ct401 blocks for ever in a C call (the fault file's hang-in-c: a hung NCCL
+    collective); every other rank then waits in gloo's all_reduce for it, a C call too, where no
+    Python signal handler runs. rank 0's CT (ct400) finds the gang's hang and stops its run as a hang
+    (SIGINT's grace the run's cadence, then SIGTERM); ct401's supervisor stops its member when
+    ct400's end appears. Both relaunch into one rendezvous from the gang's newest complete
+    checkpoint, the steps lost stated."""
+    fault = "/run/dflash-test-fault"
+    res = gang.make("restart", {"trainer_launch_supervise_hang_floor_s": 3, "trainer_launch_supervise_hang_factor": 3,
+                                "dflash_extra_args": ["--save-interval", "40"],
+                                "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_FAULT_FILE": fault}})
+    assert res.returncode == 0, res.stdout[-6000:]
+
+    old = {host: gang.run(host) for host in CTS}
+    rounds = {host: gang.supervisor(host)["round"] for host in CTS}
+    deadline = time.monotonic() + 60
+    while not ((gang.supervisor("ct400").get("learned") or {}).get("timeout_s") and "step_" in gang.sh("ct400", f"ls {CKPT}")):
+        assert time.monotonic() < deadline, "no learned hang timeout and checkpoint on ct400"
+        time.sleep(0.5)
+    gang.sh("ct401", f"echo hang-in-c > {fault}")
+    states = gang.back_whole(old, rounds)
+    hung = states["ct400"]["ends"][-1]
+    assert hung["kind"] == "hang" and hung["cause"].startswith("hung: no progress line"), hung
+    assert re.search(r"; no checkpoint from its stop: \d+ steps since step_\d+ lost$", hung["stop"]), hung
+    # 0 when the hang came at the step of a periodic save (every 40 steps; it blocks at a tenth step)
+    assert hung["steps_lost"] >= 0 and hung["relaunch"].endswith(f"resumed from {hung['checkpoint']}"), hung
+    assert states["ct401"]["ends"][-1]["kind"] in ("peer", "crash"), states["ct401"]["ends"][-1]
+    assert f"resumed from {hung['checkpoint']}" in gang.sh("ct400", "tail -n 40 /workspace/logs/train.log")

@@ -16,11 +16,10 @@ import time
 import pytest
 
 import testlib
-from testlib import END_RUNS, REPO, wait_for
+from testlib import REPO, wait_for
 
 CT, NODE, VMID = "ct200", "pve1", 200
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
-SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
 LIFECYCLE = "/var/lib/dflash/lifecycle"
 FAULT = "/run/dflash-test-fault"
 BACKOFF_S, BACKOFF_MAX_S, FLOOR_S, FACTOR, LOOP_BOUND = 1, 2, 2, 3, 4
@@ -88,15 +87,8 @@ def status_text():
 @pytest.fixture(scope="module")
 def supervised(testbed):
     """ct200 running the example trainer under its supervisor; afterwards the run and its supervisor ended."""
-    sh(testbed, END_RUNS, check=False)
-    sh(testbed, f"rm -rf {FAULT} /workspace/checkpoints {LIFECYCLE}/supervisor.json {LIFECYCLE}/diagnostics")
-    testbed.playbook(SEED, "-e", f"seed_hosts={CT}")
-    launched = testbed.playbook(REDEPLOY, "-l", CT, "-e", json.dumps(SETTINGS), check=False)
-    assert launched.returncode == 0, launched.stdout[-4000:]
-    try:
-        yield testbed
-    finally:
-        sh(testbed, f"{END_RUNS}; rm -f {FAULT}", check=False)
+    yield from testlib.supervised_run(testbed, NODE, VMID, CT, SETTINGS, [
+        FAULT, "/workspace/checkpoints", f"{LIFECYCLE}/supervisor.json", f"{LIFECYCLE}/diagnostics"])
 
 
 def test_1_a_trainer_killed_with_sigkill_runs_again_from_its_newest_checkpoint(supervised):

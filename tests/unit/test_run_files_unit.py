@@ -218,3 +218,33 @@ def test_the_change_record_says_when_a_change_finished_without_its_controller(tm
     words = change_record.words(record)
     assert words.startswith("the redeploy started at ") and "by root@vm ansible-playbook pid 15973 finished " \
         "without its controller at " in words and words.endswith(": trainer PID 7 healthy")
+
+
+UNLOCKING_CALLER = textwrap.dedent("""
+    import sys, time
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
+    state, lock_path, fails = sys.argv[1], sys.argv[2], sys.argv[3] == "fails"
+    def work():
+        time.sleep(0.3)
+        return {"failed": True} if fails else {"finished": True}
+    print(detached.run(work, state, "launch", lease=(lock_path, "job-1", 60), unlock=True), flush=True)
+    # and ends without giving the lock back: a module killed with its controller before exit_json
+""")
+
+
+@pytest.mark.parametrize("outcome", ["healthy", "fails"])
+def test_a_worker_gives_the_jobs_lock_back_once_its_caller_ended_without_doing_so(tmp_path, outcome):
+    """The job's last step (unlock): a caller that ended without giving the lock back leaves it to the
+    worker, at once, not at the end of a 60 s lease; a launch that failed keeps it for the job's
+    rescue."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+
+    state, lock_path = str(tmp_path / "state"), str(tmp_path / "state" / "redeploy.lock")
+    os.makedirs(state, mode=0o700)
+    lock.take(lock_path, "job-1", 60)
+    env = dict(os.environ, PYTHONPATH=COLLECTIONS)
+    subprocess.run([sys.executable, "-c", UNLOCKING_CALLER, state, lock_path, outcome], env=env, check=True, timeout=30)
+    deadline = time.monotonic() + 3
+    while lock.read(lock_path) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (lock.read(lock_path) is None) == (outcome == "healthy"), lock.read(lock_path)

@@ -22,11 +22,17 @@ Test-only misbehaviour switches (environment variables; never set in production)
   DFLASH_TEST_WORKERS=N               start N worker child processes (like DataLoader
                                       workers: SIGINT ignored, they hold the GPUs too)
   DFLASH_TEST_ORPHAN_WORKERS=1        workers outlive the trainer (reparented orphans)
+  DFLASH_TEST_DATALOADER_WORKERS=N    take each step's batch from a real torch.utils.data.DataLoader
+                                      with N worker processes (needs torch: the testbed's torch
+                                      venv as trainer_run_python); a SIGKILLed trainer leaves them
+                                      running until their next check of their parent (5 s)
   DFLASH_TEST_CRASH_AT_START=1        fail right after start-up, exit status 1
   DFLASH_TEST_FAULT_FILE=PATH         a fault written into PATH while it runs: "raise" (an
                                       exception at the next tenth step, once), "hang" (a
-                                      sleep in the loop, once), "crash-at-start" (every start
-                                      fails while PATH says so)
+                                      sleep in the loop, once), "hang-in-c" (the main thread blocked
+                                      forever in a C call no signal ends, once: a hung NCCL
+                                      collective), "crash-at-start" (every start fails while PATH
+                                      says so)
   DFLASH_TEST_CRASH_IN_PROGRESS_LINE=1  raise while formatting the first progress line (the
                                       traceback then shows that source line, "tok/s" in it)
   DFLASH_TEST_TEARDOWN_SECONDS=N      after an uncaught exception, stay alive N s before
@@ -555,6 +561,40 @@ def block_in_c(seconds, calibration):
         hashlib.pbkdf2_hmac("sha256", b"dflash", b"salt", max(1, int(seconds * calibration)))
 
 
+def block_forever_in_c():
+    """A C call that never returns and that no signal interrupts, as a hung NCCL collective or CUDA
+    synchronize: a default pthread mutex locked a second time by its holder waits on its futex for
+    ever. ctypes lets go of the GIL, so the other threads go on; the main thread's Python signal
+    handlers never run (SIGINT is noted, never handled), and a signal's default action (SIGTERM,
+    SIGKILL) still ends the process."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER (40 bytes on x86-64)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
+def dataloader_batches(corpus, seq_len, seed, workers):
+    """An endless iterator of batches from a real torch.utils.data.DataLoader with workers worker
+    processes (forked, as a DFlash trainer's are: the trainer's command line and environment), or
+    None when workers is 0."""
+    if workers <= 0:
+        return None
+    import torch
+    from torch.utils import data
+
+    class Slices(data.Dataset):
+        def __len__(self):
+            return 1 << 30
+
+        def __getitem__(self, index):
+            start = random.Random(seed + index).randrange(0, max(1, len(corpus) - seq_len))
+            return torch.tensor(corpus[start:start + seq_len])
+
+    return iter(data.DataLoader(Slices(), batch_size=None, num_workers=workers, persistent_workers=True))
+
+
 def calibrate_c_call():
     rounds = 20000
     begin = time.perf_counter()
@@ -606,6 +646,7 @@ def train(args):
     calibration = calibrate_c_call() if block_seconds > 0 else 0.0
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
                             env.get("DFLASH_TEST_ORPHAN_WORKERS") == "1")
+    loader = dataloader_batches(corpus, seq_len, state["step"], int(env.get("DFLASH_TEST_DATALOADER_WORKERS", "0")))
     if env.get("DFLASH_TEST_SETSID_HELPER") == "1":
         start_setsid_helper()
     crash_in_progress = env.get("DFLASH_TEST_CRASH_IN_PROGRESS_LINE") == "1"
@@ -624,8 +665,11 @@ def train(args):
     try:
         while state["step"] < total_steps:
             began = time.perf_counter()
-            start = rng.randrange(0, max(1, len(corpus) - seq_len))
-            batch = [corpus[start:start + seq_len]]
+            if loader is not None:
+                batch = [next(loader).tolist()]
+            else:
+                start = rng.randrange(0, max(1, len(corpus) - seq_len))
+                batch = [corpus[start:start + seq_len]]
             t_data = time.perf_counter()
             block_in_c(block_seconds, calibration)
             t_target = time.perf_counter()
@@ -677,6 +721,9 @@ def train(args):
                 os.unlink(fault_file)
                 while True:
                     time.sleep(3600)
+            if wanted_fault == "hang-in-c":
+                os.unlink(fault_file)
+                block_forever_in_c()
             if stop_agreed:  # every rank raises it at this step
                 raise KeyboardInterrupt
             if checkpointer.signals.stop_after_step:

@@ -22,7 +22,9 @@ class ActionModule(CachedPayloadAction, NormalAction):
         controller = ControllerWatch()
         args = dict(self._task.args)
         args["launch"], watch = launch_watch(self._connection, args["launch"], task_vars.get("inventory_hostname"))
-        result.update(watch.run(lambda: self._execute_module(
-            module_name="dflash.lifecycle.trainer_preflight", module_args=args, task_vars=task_vars)))
-        controller.tell_if_gone(self, dict(args, change_record=args["launch"].get("change_record")), task_vars)
+        try:
+            result.update(watch.run(lambda: self._execute_module(
+                module_name="dflash.lifecycle.trainer_preflight", module_args=args, task_vars=task_vars)))
+        finally:  # a call that raised still leaves the CT to be told
+            controller.tell_if_gone(self, dict(args, change_record=args["launch"].get("change_record")), task_vars)
         return result

@@ -16,7 +16,9 @@ class ActionModule(CachedPayloadAction):
         result = super().run(tmp, task_vars)
         controller = ControllerWatch()
         args, watch = launch_watch(self._connection, self._task.args, task_vars.get("inventory_hostname"))
-        result.update(watch.run(lambda: self._execute_module(
-            module_name="dflash.lifecycle.trainer_process", module_args=args, task_vars=task_vars)))
-        controller.tell_if_gone(self, args, task_vars)
+        try:
+            result.update(watch.run(lambda: self._execute_module(
+                module_name="dflash.lifecycle.trainer_process", module_args=args, task_vars=task_vars)))
+        finally:  # a call that raised still leaves the CT to be told
+            controller.tell_if_gone(self, args, task_vars)
         return result

@@ -156,10 +156,12 @@ def deferred(check_mode, release, preflight, launch):
     return None
 
 
-def run(params, check_mode, warn, lease=None):
+def run(params, check_mode, warn, lease=None, unlock=False):
     """The launch of params (ARGUMENT_SPEC's, validated); returns the task's result, or raises
     LaunchFailed. Outside check mode it runs as one transaction in a detached worker (the module
-    docstring); lease: the job's lock (path, holder, ttl), kept alive by the worker."""
+    docstring); lease: the job's lock (path, holder, ttl), kept alive by the worker; unlock: the
+    call gives it back with a healthy launch, and so does the worker once the call ended (a call
+    killed with its controller gives nothing back)."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
@@ -177,7 +179,7 @@ def run(params, check_mode, warn, lease=None):
         if lifecycle.get("dir") and params.get("supervise") else None
     try:
         result, _adopted = detached.run(lambda: _transaction(params, exclude, lease), _state_dir(params), "launch",
-                                        lease=lease, on_orphaned=without_controller, after=after)
+                                        lease=lease, on_orphaned=without_controller, after=after, unlock=unlock)
     except (rundir.UnsafePath, OSError) as err:
         raise LaunchFailed(f"run_dir: {err}; nothing was stopped or started") from None
     if not _controller_attached():

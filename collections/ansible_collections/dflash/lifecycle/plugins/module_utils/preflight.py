@@ -8,6 +8,7 @@ redeploy, then carries only what it runs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -73,6 +74,30 @@ def preflight(params):
             "model_stage_needed": any(p["needed"] for p in staged or ()),
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def missing_tools(tools, check_mode):
+    """The paths of tools (each {path, sha256, size}: a binary the job pushes, py-spy) that the CT
+    lacks or holds in another version; the parent directory of each made (root's, 0755) outside
+    check mode, so that the push can land. The digest is read only when the size matches."""
+    missing = []
+    for tool in tools:
+        path = tool["path"]
+        try:
+            same = os.stat(path).st_size == tool["size"]
+            if same:
+                digest = hashlib.sha256()
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+                same = digest.hexdigest() == tool["sha256"]
+        except OSError:
+            same = False
+        if not same:
+            missing.append(path)
+            if not check_mode:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    return missing
 
 
 def stop_request_place(path, run_dir, check):

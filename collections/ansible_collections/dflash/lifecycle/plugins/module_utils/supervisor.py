@@ -15,15 +15,20 @@ What it does, with the run's spec (module_utils/ct/run_spec.py) and its policy (
 
 - a **crash** - the trainer's main process ends with a non-zero status or by a signal, with no stop
   asked for - is recorded (the status or signal, the traceback from the log, the newest complete
-  checkpoint) and the run is relaunched: the same release and settings, the model restaged, the
-  GPUs waited for, the trainer's own resume loading the newest checkpoint (launch_call: the same
-  launch as a redeploy's), after a back-off that doubles from backoff_s up to backoff_max_s;
+  checkpoint), what the dead run left running is ended at once (its DataLoader workers, a
+  launcher's other ranks: module_utils/stop/leftovers.py, by the run's id) and the run is
+  relaunched: the same release and settings, the model restaged, the GPUs waited for, the
+  trainer's own resume loading the newest checkpoint (launch_call: the same launch as a
+  redeploy's), after a back-off that doubles from backoff_s up to backoff_max_s;
 - a **hang** - no progress line, and no beat of the stop request's helper, for longer than the
   timeout learned from the run's own intervals (hang_factor times the longest seen, at least
   hang_floor_s; a save being written is never a hang) - has its diagnostics kept first (each
-  thread's state and wchan, a py-spy dump where installed, nvidia-smi), then the run is stopped
-  by the staged stop of a ``make stop`` (a hung collective will not checkpoint, so the ladder goes
-  on to SIGTERM and SIGKILL) and relaunched as after a crash;
+  process's threads, state and wchan, its Python stacks with native frames by py-spy, nvidia-smi),
+  then the run is stopped as a hang: the run's own stop, each stage before the last waiting no
+  longer than the run's longest interval (HANG_GRACE_FLOOR_S at least) - SIGINT still first, so a
+  hang a signal reaches saves its checkpoint, and the wait grows while one is written - and a stop
+  that ends it without a new checkpoint is the expected end of a hung collective, not a failure:
+  the run is relaunched from its newest complete checkpoint, the steps lost stated;
 - a **crash loop** - crash_loop_restarts restarts within crash_loop_window_s, and another end -
   leaves the run down, said with every exit's cause in ``make status``;
 - a **stop someone asked for** (``make stop``, a redeploy, a rollback, the Proxmox hook) marks the
@@ -55,6 +60,9 @@ POLL_SECONDS = 1.0  # a tick: a waitpid, a read of the log's new bytes, two stat
 GAPS_KEPT = 64  # the intervals the hang timeout is learned from: the newest ones
 HISTORY_KEPT = 20  # ends kept in the state
 DIAGNOSTICS_KEPT = 10
+# a hang's stop: the wait of each stage before the last, at least this, else the run's longest interval
+HANG_GRACE_FLOOR_S = 3.0
+HANG_GRACE_UNKNOWN_S = 30.0  # a run that showed no interval yet
 LOG_MAX_BYTES = 1 << 20
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -170,6 +178,7 @@ class Supervisor:
         self.rounds_dir = self.spec.get("rounds_dir") or os.path.join(directory, "rounds")
         self.round = int(self.spec.get("round") or 0)
         self.start = proctable.read_process(os.getpid()).starttime  # with the PID, what status checks alive
+        self.run_id = None  # the watched run's identity (its pidfile's), what its leftovers carry
 
     # -- bookkeeping
 
@@ -424,8 +433,9 @@ def save_under_way(launch):
 
 
 def diagnostics(directory, launch, stop, main_pid):
-    """A hung run's threads (state, wchan) and py-spy dump for each of its processes, and
-    nvidia-smi, kept in <directory>/diagnostics/ (the newest DIAGNOSTICS_KEPT). Returns the path."""
+    """A hung run's threads (state, wchan) and Python stacks with native frames (py-spy dump
+    --native) for each of its processes, and nvidia-smi, kept in <directory>/diagnostics/ (the
+    newest DIAGNOSTICS_KEPT). Returns the path."""
     import subprocess
 
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import ladder, stop_options
@@ -433,7 +443,8 @@ def diagnostics(directory, launch, stop, main_pid):
     options = stop_options.StopOptions(stop)
     main = proctable.read_process(main_pid)
     processes = proctable.run_processes(main, proctable.snapshot()) if main else []
-    found = [dict(ladder.diagnostics(p.identity, options, "/proc"), cmdline=p.cmdline[:300]) for p in processes]
+    found = [dict(ladder.diagnostics(p.identity, options, "/proc", native=True), cmdline=p.cmdline[:300])
+             for p in processes]
     report = {"at": time.time(), "processes": found}
     smi = launch.get("nvidia_smi") or "/usr/bin/nvidia-smi"
     try:
@@ -496,6 +507,7 @@ def supervise(directory, agent):
         sup.say("no pidfile: nothing to supervise")
         return 0
     pid, run_id = entry.pid, entry.run_id
+    sup.run_id = run_id
     since = sup.spec.get("launched_at") or time.time()
     watch = Watch(sup.launch, pid, since, (sup.state.get("learned") or {}).get("gaps"))
     sup.save(state="watching", why=None, trainer={"pid": pid, "run_id": run_id, "since": since},
@@ -567,11 +579,34 @@ def ended(sup, watch, how, since):
         return 0
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
 
-    lines = watch.log_tail()
-    traceback = progress.traceback_in(lines) or []
+    # a SIGKILLed process writes nothing: a traceback after it is a leftover's (a DataLoader worker's
+    # ConnectionResetError when its parent vanished), never the crash's cause
+    traceback = [] if facts["signal"] == "SIGKILL" else progress.traceback_in(watch.log_tail()) or []
     cause = f"crash: the trainer {words}" + (f" ({traceback[-1].strip()})" if traceback else "")
-    return restart(sup, {"cause": cause, "exit": facts, "traceback": traceback[-12:], "step": watch.last_step,
-                         "checkpoint": newest_checkpoint(sup.launch), "at": time.time(), "kind": "crash"})
+    end = {"cause": cause, "exit": facts, "traceback": traceback[-12:], "step": watch.last_step,
+           "checkpoint": newest_checkpoint(sup.launch), "at": time.time(), "kind": "crash"}
+    left = end_leftovers(sup)
+    if left:
+        end["leftovers"] = left
+    return restart(sup, end)
+
+
+def end_leftovers(sup):
+    """What the dead run left running (its DataLoader workers, a launcher's other ranks: the
+    processes that carry its run id, reparented to this subreaper) ended before the back-off, so
+    that they hold no GPU and no relaunch or `make restart` takes them for a trainer. Words of
+    it, or None when nothing was left."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import leftovers
+
+    table = proctable.snapshot()
+    found = leftovers.of_run(sup.run_id, table, proctable.ancestors(table, os.getpid()))
+    if not found:
+        return None
+    report = leftovers.end(found)
+    _reap()
+    said = leftovers.words(report)
+    sup.say(said)
+    return said
 
 
 def hung(sup, watch, cause, pid, since, silence):
@@ -591,18 +626,39 @@ def hung(sup, watch, cause, pid, since, silence):
     return stop_and_restart(sup, watch, cause, since, diagnostics_path=path, kind="hang", facts=silence)
 
 
+def hang_grace(gaps):
+    """How long each stage but the last of a hang's stop waits: the run's longest interval (a
+    signal that still reaches the trainer has started its save by then), HANG_GRACE_FLOOR_S at
+    least; HANG_GRACE_UNKNOWN_S for a run that showed none."""
+    return max(HANG_GRACE_FLOOR_S, *gaps) if gaps else HANG_GRACE_UNKNOWN_S
+
+
+def loss_words(result):
+    """What a stop of the supervisor's kept or lost, from its result's loss (staged_stop's)."""
+    loss = result.get("loss") or {}
+    if loss.get("saved_on_stop"):
+        return "it saved a checkpoint on its stop: 0 steps lost"
+    if loss.get("steps_lost") is not None:
+        since = f"since {os.path.basename(loss['checkpoint'])}" if loss.get("checkpoint") else "of the run (no checkpoint)"
+        return f"no checkpoint from its stop: {loss['steps_lost']} steps {since} lost"
+    return "no checkpoint from its stop; the steps lost are not known"
+
+
 def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer", facts=None):
-    """The run stopped with the stop of a `make stop` (the run's own stop options), then restarted."""
+    """The run stopped as a hang (a hung member, or a member whose gang went down: its ranks wait in
+    collectives that will not return), by the run's own stop options with the grace of its cadence
+    and no checkpoint required, then restarted from the newest complete checkpoint."""
     sup.save(state=f"stopping ({kind})")
-    result = _stop(sup)
+    result = _stop(sup, hang_grace(watch.gaps))
     deliberate = _deliberate(sup, since)
     if deliberate:
         sup.save(state="stood down", why=deliberate)
         return 0
-    stopped = "stopped: " + (result.get("msg") or "").split("; ")[0] if not result.get("failed") else \
-        f"ITS STOP FAILED: {result.get('msg')}"
+    stopped = f"stopped: {(result.get('msg') or '').split('; ')[0]}; {loss_words(result)}" \
+        if not result.get("failed") else f"ITS STOP FAILED: {result.get('msg')}"
     sup.say(f"{cause}; {stopped}")
     end = {"cause": cause, "at": time.time(), "kind": kind, "stop": stopped, "step": watch.last_step,
+           "steps_lost": (result.get("loss") or {}).get("steps_lost"),
            "checkpoint": newest_checkpoint(sup.launch), "diagnostics": diagnostics_path, **(facts or {})}
     if result.get("failed"):
         sup.remember(end)
@@ -610,8 +666,11 @@ def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer
     return restart(sup, end)
 
 
-def _stop(sup):
-    """The staged stop of a `make stop`, under the CT's lock, not marking the run stopped."""
+def _stop(sup, grace=None):
+    """The staged stop of a `make stop`, under the CT's lock, not marking the run stopped; with
+    grace (a hang's), every stage but the last and the stop request's acknowledgement wait at most
+    grace, and a stop with no new checkpoint, or no graceful stage, goes on: the run resumes from its
+    newest complete checkpoint."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options
 
     try:
@@ -619,6 +678,8 @@ def _stop(sup):
     except stop_options.InvalidParameter as err:
         return {"failed": True, "msg": str(err)}
     options.lifecycle_dir, options.detach, options.signal_at = None, False, None
+    if grace is not None:
+        as_hang(options, grace)
     lease = _lock(sup)
     if isinstance(lease, str):
         return {"failed": True, "msg": f"not stopped: {lease} holds the CT"}
@@ -626,6 +687,17 @@ def _stop(sup):
         return staged_stop.run_in_module(options, lease=lease)
     finally:
         _unlock(sup)
+
+
+def as_hang(options, grace):
+    """The run's stop options (StopOptions) made a hang's: every stage but the last, and the stop
+    request's acknowledgement, wait at most grace (the graceful stage still grows while a
+    checkpoint is written); no checkpoint is required of it, and a run with no graceful stage is
+    stopped at once rather than at its next periodic checkpoint."""
+    options.on_missing_checkpoint, options.no_graceful, options.require_checkpoint = "proceed", "proceed", False
+    options.request_ack_timeout = min(float(options.request_ack_timeout), grace)
+    options.stages = [dict(stage, wait=min(stage["wait"], grace)) for stage in options.stages[:-1]] + options.stages[-1:]
+    return options
 
 
 def _lock(sup):
@@ -679,7 +751,8 @@ def restart(sup, end):
     gang member that never went down or restart never leave it down."""
     since = time.time()
     sup.remember(end)
-    post_event(sup.policy, {"event": end["kind"], "ct": sup.me, "cause": end["cause"], "checkpoint": end.get("checkpoint")})
+    post_event(sup.policy, {"event": end["kind"], "ct": sup.me, "cause": end["cause"], "checkpoint": end.get("checkpoint"),
+                            "steps_lost": end.get("steps_lost"), "leftovers": end.get("leftovers")})
     if sup.policy["restart"] == "never":
         return down(sup, f"{end['cause']} (restart: never)")
     missing = _gone_down(sup, end)
@@ -809,6 +882,8 @@ def words(directory, now=None):
         what += f"; {state.get('restarts') or 0} restarts since the launch; ends: " + "; ".join(
             f"{change_record.stamp(e.get('at') or 0)} {e.get('cause')}"
             + (f", checkpoint {e['checkpoint']}" if e.get("checkpoint") else "")
+            + (f", {e['steps_lost']} steps lost" if e.get("steps_lost") is not None else "")
+            + (f", {e['leftovers']}" if e.get("leftovers") else "")
             + (f", diagnostics {e['diagnostics']}" if e.get("diagnostics") else "")
             + (f" -> {e['relaunch']}" if e.get("relaunch") else "") for e in ends[-5:])
     return what
@@ -834,5 +909,7 @@ def restarts_since(directory, mark_path=None, mark=False):
         except OSError:
             pass
     return f"the supervisor saw {len(ends)} end(s) of the run since the last job: " + "; ".join(
-        f"{change_record.stamp(e.get('at') or 0)} {e.get('cause')}" + (f" -> {e['relaunch']}" if e.get("relaunch") else "")
+        f"{change_record.stamp(e.get('at') or 0)} {e.get('cause')}"
+        + (f", {e['steps_lost']} steps lost" if e.get("steps_lost") is not None else "")
+        + (f" -> {e['relaunch']}" if e.get("relaunch") else "")
         for e in ends) + f"; now: {(state or {}).get('state')}"

@@ -506,9 +506,22 @@ checkpoint_dir_source:
   type: str
   sample: the trainer's --output-dir
 found:
-  description: How the trainer was found (pidfile or pattern) and why a pidfile was rejected.
+  description: >-
+    How the trainer was found (pidfile or pattern) and why a pidfile was rejected; C(leftovers) lists
+    the processes (pid, cmdline) that carry the run id of the pidfile's dead trainer: its DataLoader
+    workers or a launcher's other ranks, which no pattern match takes for a trainer.
   returned: always
   type: dict
+leftovers:
+  description: >-
+    When no trainer ran but its dead run's leftovers did: the PIDs ended (SIGTERM, 3 s, then SIGKILL),
+    those that needed SIGKILL, and any that survived (the stop then fails).
+  returned: when a dead run's leftovers were ended
+  type: dict
+  contains:
+    ended: {description: PIDs signalled., type: list, elements: int, returned: always}
+    killed: {description: PIDs that needed SIGKILL., type: list, elements: int, returned: always}
+    survivors: {description: PIDs still running after SIGKILL., type: list, elements: int, returned: always}
 notes:
   description: >-
     Plain-words notes (also shown as warnings): on the signal dispositions only when signals were

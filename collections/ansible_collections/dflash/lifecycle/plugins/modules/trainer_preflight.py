@@ -235,6 +235,18 @@ options:
         type: str
         choices: [repair, fail]
         default: repair
+  tools:
+    description:
+      - Binaries the job pushes into the CT when it lacks them (py-spy, for a hang's stacks), each by its
+        path in the CT, its SHA-256 and size on the controller. Those missing or of another version are
+        named in RV(tools_missing), their directories made (outside check mode) for the push.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path: {description: Where the tool goes in the CT., type: path, required: true}
+      sha256: {description: Its SHA-256 on the controller., type: str, required: true}
+      size: {description: Its size in bytes on the controller., type: int, required: true}
   launch:
     description:
       - The options of M(dflash.lifecycle.trainer_process), validated as that module validates them,
@@ -369,6 +381,11 @@ unattended_change:
   type: str
   sample: "the redeploy started at 2026-12-05 20:19:40 UTC by root@vm ansible-playbook pid 15973 finished without
     its controller at 2026-12-05 20:19:47 UTC: trainer PID 4242 healthy"
+tools_missing:
+  description: The paths of O(tools) the CT lacks or holds in another version.
+  returned: always
+  type: list
+  elements: str
 supervisor_restarts:
   description: >-
     The ends of the run its supervisor saw since the last job asked (crashes, hangs, failed relaunches) and what
@@ -456,6 +473,11 @@ def main():
                 "on_drift": {"type": "str", "choices": ["repair", "fail"], "default": "repair"},
             }},
             "launch": {"type": "dict"},
+            "tools": {"type": "list", "elements": "dict", "default": [], "options": {
+                "path": {"type": "path", "required": True},
+                "sha256": {"type": "str", "required": True},
+                "size": {"type": "int", "required": True},
+            }},
         },
         supports_check_mode=True,
     )
@@ -496,6 +518,7 @@ def check(module):
         module.no_log_values.update(secrets)
     result = preflight.preflight(module.params)
     result["unattended_change"] = _unattended_change(module)
+    result["tools_missing"] = preflight.missing_tools(module.params["tools"], module.check_mode)
     result["supervisor_restarts"] = supervisor.restarts_since(
         module.params["lifecycle_dir"], mark=not module.check_mode) if module.params["lifecycle_dir"] else None
     if module.params["gang_marks"] and result["checkpoint"] is not None:
@@ -557,7 +580,7 @@ def check(module):
         module.exit_json(changed=False, launch=None, **result)
     module.enter_phase("launch")
     try:
-        result["launch"] = launch_call.run(launch, False, module.warn, module.worker_lease())
+        result["launch"] = launch_call.run(launch, False, module.warn, module.worker_lease(), module.params["lock_unlock"])
     except launch_call.LaunchFailed as err:
         result["launch"] = dict(err.details, failed=True, msg=err.msg)
         module.fail_json(msg=err.msg, **result)

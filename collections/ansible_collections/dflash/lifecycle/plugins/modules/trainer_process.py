@@ -682,7 +682,8 @@ def main():
     if problems:
         module.fail_json(msg="; ".join(problems) + "; nothing was stopped or started")
     try:
-        result = launch_call.run(module.params, module.check_mode, module.warn, module.worker_lease())
+        result = launch_call.run(module.params, module.check_mode, module.warn, module.worker_lease(),
+                                 module.params["lock_unlock"])
     except launch_call.LaunchFailed as err:
         module.fail_json(msg=err.msg, **err.details)
     module.exit_json(**result)

@@ -18,6 +18,7 @@ cleaned as every CT text is (untrusted.printable). Showing progress never fails 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shlex
 import threading
@@ -165,12 +166,21 @@ class ControllerWatch:
     this fork can (its parent changed), and tells the CT (module_utils/ct/change_record.py)."""
 
     def __init__(self):
-        self.parent = os.getppid()
+        # the fork's parent as multiprocessing knows it (ansible-core forks its workers with it): its
+        # sentinel says the parent died even when that happened before this line ran
+        self.parent = multiprocessing.parent_process()
+        self.ppid = os.getppid()
+
+    def gone(self):
+        """Whether ansible-playbook has died since this fork began."""
+        if self.parent is not None:
+            return not self.parent.is_alive()
+        return os.getppid() != self.ppid
 
     def tell_if_gone(self, action, args, task_vars):
         """After the module returned: when ansible-playbook is gone, mark the CT's record of the
         change and give the job's lock back (args: the module's, with its lock_* options)."""
-        if os.getppid() == self.parent or not args.get("lock_holder"):
+        if not args.get("lock_holder") or not self.gone():
             return
         try:
             action._execute_module(module_name="dflash.lifecycle.redeploy_lock", task_vars=task_vars, module_args={

@@ -20,6 +20,10 @@ controller that asked for it:
 - when its caller (the module process attached to the controller's connection) is gone by the
   time the work ends, on_orphaned(result) runs in the worker: nobody will read the result, so the
   worker itself records that and gives back what the caller would have;
+- when its caller is to give the job's lock back with the result (unlock: the job's last step in
+  the CT), the worker gives it back itself once its caller has ended (CALLER_EXIT_WAIT_S at most):
+  a caller that died first - its controller gone, its answer's pipe broken - would leave the CT
+  locked for the rest of the lease;
 - once its result is delivered and its keeper ended, after(result) runs in it: a launch's worker
   becomes the run's supervisor there (module_utils/supervisor.py), the parent of the trainer it
   started.
@@ -37,6 +41,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
 
 ADOPT_WAIT_SLICE_SECONDS = 3600  # the wait has no bound; the stop's own ladder bounds it
+CALLER_EXIT_WAIT_S = 5.0  # a caller that read the result exits within milliseconds
 
 
 def _worker_file(state_dir, name):
@@ -59,12 +64,14 @@ def running_worker(state_dir, name):
     return proc if proc is not None and proc.identity == (entry.pid, entry.starttime) and not proc.gone else None
 
 
-def _wait_gone(proc):
-    """Until the process is gone, asleep in poll() on its pidfd where the kernel has them."""
+def _wait_gone(proc, seconds=None):
+    """Until the process is gone (at most seconds; None: no bound), asleep in poll() on its pidfd
+    where the kernel has them."""
     watcher = target_set.Targets()
-    watcher.add(proc, "detached worker")
+    watcher.add(proc, "a process the worker waits for")
     try:
-        while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS):
+        while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS if seconds is None else seconds) \
+                and seconds is None:
             pass
     finally:
         watcher.close()
@@ -115,7 +122,19 @@ def end_keeper(keeper):
         pass
 
 
-def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after):
+def _give_back_after(caller, lease):
+    """The job's lock given back once the caller (its identity) has ended, or after
+    CALLER_EXIT_WAIT_S: nothing when the caller gave it back itself (lock.release: the holder's only)."""
+    proc = proctable.read_process(caller[0])
+    if proc is not None and proc.identity == caller:
+        _wait_gone(proc, CALLER_EXIT_WAIT_S)
+    try:
+        lock.release(lease[0], lease[1])
+    except (OSError, ValueError):
+        pass  # the lease ends on its own
+
+
+def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after, unlock):
     """In the worker: never returns."""
     status = 0
     try:
@@ -137,22 +156,26 @@ def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, a
         os.unlink(_worker_file(state_dir, name))
         if on_orphaned is not None and not proctable.alive(caller):
             on_orphaned(result)
-        if after is not None:
+        if after is not None or (unlock and lease and not result.get("failed")):
             os.close(pipe_w)  # the caller reads the result now
             end_keeper(keeper)
-            after(result)
+            if unlock and lease and not result.get("failed"):
+                _give_back_after(caller, lease)
+            if after is not None:
+                after(result)
     except BaseException:  # noqa: BLE001  (a forked child must never return into the module)
         status = 1
     finally:
         os._exit(status)
 
 
-def run(work, state_dir, name, lease=None, on_orphaned=None, after=None):
+def run(work, state_dir, name, lease=None, on_orphaned=None, after=None, unlock=False):
     """work() -> result dict, run detached. Returns (result, adopted): adopted is True when a
     worker started by an earlier call was still running and this call waited for it. lease:
     the job's lock (path, holder, ttl), kept alive while the worker runs; on_orphaned(result):
     run in the worker when its caller is gone once the work ended; after(result): run in the
-    worker once its caller has the result (it may exec)."""
+    worker once its caller has the result (it may exec); unlock: the caller gives the lease back
+    with a result that did not fail, and the worker does once the caller ended (the module docstring)."""
     secure_dir(state_dir)
     caller = proctable.read_process(os.getpid()).identity
     earlier = running_worker(state_dir, name)
@@ -166,7 +189,7 @@ def run(work, state_dir, name, lease=None, on_orphaned=None, after=None):
             os.close(pipe_r)
             os.setsid()
             if os.fork() == 0:
-                _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after)
+                _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, after, unlock)
         finally:
             os._exit(0)
     os.close(pipe_w)

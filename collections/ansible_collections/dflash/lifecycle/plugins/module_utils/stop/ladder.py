@@ -27,9 +27,10 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctab
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_request, target_set
 
 NEVER_CAUGHT = (signal.SIGKILL, signal.SIGSTOP)
-# where py-spy is looked for when the py_spy option is unset: pct exec runs commands with
-# PATH=/sbin:/bin:/usr/sbin:/usr/bin, and pip installs it to /usr/local/bin
-PY_SPY_PATH = "/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
+# where py-spy is looked for when the py_spy option is unset: where the project installs it
+# (roles/trainer_preflight, trainer_preflight_py_spy), then where pip and Debian put it (pct exec runs
+# commands with PATH=/sbin:/bin:/usr/sbin:/usr/bin)
+PY_SPY_PATH = "/var/lib/dflash/bin:/usr/local/bin:/usr/bin:/bin:/root/.local/bin"
 # how long a stage that signals only the main process waits for the rest of the set once the
 # main process is gone: its workers notice within DataLoader's 5 s status check; a leftover
 # it was not signalled (a setsid helper) would otherwise hold the stage for its whole wait
@@ -71,8 +72,9 @@ def assess(main, stages, saves_on, saves_words):
     return dispositions, graceful, "; ".join(words)
 
 
-def diagnostics(main_ident, options, proc_root):
-    """Threads (state, wchan) and a py-spy dump of the main process."""
+def diagnostics(main_ident, options, proc_root, native=False):
+    """Threads (state, wchan) and a py-spy dump of the main process (native: with the C frames of a
+    thread blocked in a C call, NCCL's or CUDA's, beside its Python ones)."""
     pid = main_ident[0]
     threads = proctable.threads_report(pid, proc_root)
     report = {"pid": pid, "threads": threads, "py_spy": None}
@@ -85,7 +87,7 @@ def diagnostics(main_ident, options, proc_root):
         report["py_spy"] = "skipped: a thread is in D state"
         return report
     try:
-        out = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
+        out = subprocess.run([py_spy, "dump", "--pid", str(pid)] + ["--native"] * native, capture_output=True,
                              text=True, timeout=options.py_spy_timeout, check=False)
         report["py_spy"] = (out.stdout + out.stderr).strip()[-8000:]
     except subprocess.TimeoutExpired:

@@ -20,7 +20,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import (
-    detached, ladder, next_checkpoint, stop_request, target_set, trainer_finding)
+    detached, ladder, leftovers, next_checkpoint, stop_request, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 
 
@@ -90,7 +90,8 @@ def run(options, proc_root="/proc", check_mode=False):
     try:
         scope = None if main is None else target_set.capture(main, table, options, targets, proc_root)
         if scope is None:
-            result["msg"] = "no trainer running" + _why_none(main, result["found"])
+            result["msg"] = "no trainer running" + _why_none(main, result["found"]) + _end_leftovers(
+                result, table, proc_root, check_mode)
             if directory.path:
                 result["checkpoint"] = directory.report(before)
             return result
@@ -231,6 +232,21 @@ def _checkpoint_dir_of(main, options, proc_root):
         value = os.path.join(cwd, value)
     options.checkpoint_dir = os.path.normpath(value)
     return f"the trainer's {flag}"
+
+
+def _end_leftovers(result, table, proc_root, check_mode):
+    """The dead run's leftovers (trainer_finding) ended, as the run they outlived would have been;
+    words for the message ('' when there were none). Survivors fail the stop."""
+    found = [table[entry["pid"]] for entry in result["found"]["leftovers"] if entry["pid"] in table]
+    if not found:
+        return ""
+    if check_mode:
+        return f"; would end {len(found)} leftover(s) of its dead run (PID {', '.join(str(p.pid) for p in found)})"
+    report = leftovers.end(found, proc_root)
+    result.update(changed=True, leftovers=report)
+    if report["survivors"]:
+        raise StopFailed(f"the trainer was not running, and {leftovers.words(report)}", result)
+    return f"; {leftovers.words(report)}"
 
 
 def _why_none(main, found):

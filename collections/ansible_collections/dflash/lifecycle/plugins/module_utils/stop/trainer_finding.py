@@ -5,7 +5,8 @@
 A pidfile reads ``PID STARTTIME [RUN_ID]``: the start time (clock ticks, field 22 of
 /proc/PID/stat) makes a reused PID harmless, the run identity names every process of the
 launch (module_utils/stop/target_set.py). Several processes matching the pattern are an error
-unless the caller says which one: a stop never guesses.
+unless the caller says which one: a stop never guesses. Processes that carry the run id of the
+pidfile's dead trainer are that run's leftovers (module_utils/stop/leftovers.py), never a trainer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import leftovers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter, StopOptions
 
 
@@ -68,8 +70,9 @@ def pattern_matches(pattern, table, excluded):
 
 
 def find_trainer(options, table, proc_root):
-    """(main process or None, how it was found). Raises Ambiguous."""
-    found = {"source": None, "pidfile_stale": False, "pidfile_reason": None}
+    """(main process or None, how it was found: found["leftovers"] holds the processes of the
+    pidfile's dead run, which no pattern match counts). Raises Ambiguous."""
+    found = {"source": None, "pidfile_stale": False, "pidfile_reason": None, "leftovers": []}
     excluded = options.exclude_pids
     if options.pidfile:
         proc, reason = pidfile_process(options.pidfile, options.pattern, table, proc_root)
@@ -78,6 +81,9 @@ def find_trainer(options, table, proc_root):
             return proc, found
         found["pidfile_stale"] = reason != "pidfile does not exist"
         found["pidfile_reason"] = reason
+        left = leftovers.of_run(leftovers.dead_run_id(options.pidfile, table), table, excluded, proc_root)
+        found["leftovers"] = [{"pid": proc.pid, "cmdline": proc.cmdline[:200]} for proc in left]
+        excluded = set(excluded).union(proc.pid for proc in left)
     if not options.pattern:
         return None, found
     matches = pattern_matches(options.pattern, table, excluded)

@@ -267,3 +267,34 @@ def test_a_checkpoint_seen_landing_before_the_signal_is_the_trainers_own_save_on
     # the one seen landing, written again after the signal (a handler that found its step saved)
     assert staged_stop._produced_by({"timeline": timeline}, path, 1000.300) == (
         "the trainer's own save, which the stop waited for, written again after SIGINT", "SIGINT")
+
+
+def test_a_dead_runs_leftovers_are_ended_not_taken_for_two_trainers(tmp_path):
+    """The trainer SIGKILLed, its two workers (real processes of this test, with its command line and
+    its run id) still running: the stop finds no trainer, ends them and says so; check mode only
+    names them."""
+    import uuid
+
+    run_id = uuid.uuid4().hex[:16]
+    marker = f"dflash-leftover-{run_id}"
+    workers = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)", marker],
+                                env=dict(os.environ, DFLASH_RUN_ID=run_id)) for _worker in range(2)]
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        pidfile = tmp_path / "trainer.pid"
+        pidfile.write_text(f"{dead.pid} 1 {run_id}\n")
+        time.sleep(0.3)  # their exec
+        options = {"pidfile": str(pidfile), "pattern": marker, "ladder": FAST}
+        planned = staged_stop.run(options, check_mode=True)
+        assert "would end 2 leftover(s) of its dead run" in planned["msg"] and all(w.poll() is None for w in workers)
+        result = staged_stop.run(options)
+        assert result["msg"].startswith(f"no trainer running (PID {dead.pid} from the pidfile is not running); "
+                                        "2 leftover(s) of the dead run ended"), result["msg"]
+        assert result["changed"] and result["leftovers"]["survivors"] == []
+        assert [w.wait(5) for w in workers] == [-signal.SIGTERM] * 2
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()

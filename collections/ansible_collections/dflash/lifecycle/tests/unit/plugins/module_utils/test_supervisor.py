@@ -171,3 +171,29 @@ def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_th
     child_status = os.wait()[1]
     server.server_close()
     assert child_status == 0 and got == [("application/json", event)]
+
+
+def test_a_hangs_stop_waits_the_runs_cadence_before_its_last_stage_and_requires_no_checkpoint():
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
+
+    options = supervisor.as_hang(stop_options.StopOptions({"pidfile": "/run/x.pid", "require_checkpoint": True}),
+                                 supervisor.hang_grace([2.5, 7.25, 4.0]))
+    assert [(s["signal"].name, s["wait"]) for s in options.stages] == [("SIGINT", 7.25), ("SIGTERM", 7.25), ("SIGKILL", 10)]
+    assert options.request_ack_timeout == 7.25 and options.graceful_wait_cap == 900, "a save under way still grows it"
+    assert (options.on_missing_checkpoint, options.no_graceful, options.require_checkpoint) == ("proceed", "proceed", False)
+    assert supervisor.hang_grace([0.4]) == supervisor.HANG_GRACE_FLOOR_S
+    assert supervisor.hang_grace([]) == supervisor.HANG_GRACE_UNKNOWN_S
+    long_stage = supervisor.as_hang(stop_options.StopOptions({"pidfile": "/x", "ladder": [
+        {"signal": "SIGINT", "wait": 5}, {"signal": "SIGKILL", "wait": 10}]}), 60)
+    assert [s["wait"] for s in long_stage.stages] == [5, 10], "never longer than the run's own stage"
+
+
+@pytest.mark.parametrize("loss, words", [
+    ({"saved_on_stop": True, "steps_lost": 0}, "it saved a checkpoint on its stop: 0 steps lost"),
+    ({"saved_on_stop": False, "steps_lost": 46, "checkpoint": "/w/ckpt/step_400"},
+     "no checkpoint from its stop: 46 steps since step_400 lost"),
+    ({"saved_on_stop": False, "steps_lost": 90, "checkpoint": None}, "no checkpoint from its stop: 90 steps of the run (no checkpoint) lost"),
+    ({}, "no checkpoint from its stop; the steps lost are not known"),
+])
+def test_a_supervisors_stop_says_what_it_lost(loss, words):
+    assert supervisor.loss_words({"loss": loss}) == words

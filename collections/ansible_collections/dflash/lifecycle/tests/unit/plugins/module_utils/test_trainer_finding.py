@@ -56,3 +56,26 @@ def test_ambiguity_is_refused_and_select_picks(fake):
     chosen, found = trainer_finding.find_trainer(
         StopOptions({"pattern": "train[.]py", "pid": 6}), table, fake.path)
     assert chosen.pid == 6 and found["source"] == "pattern"
+
+
+def test_a_dead_runs_workers_are_its_leftovers_not_a_trainer(fake, tmp_path):
+    """The main process SIGKILLed: its two DataLoader workers, reparented, still match the pattern;
+    they carry the pidfile's run id, so the stop finds no trainer and names them as leftovers."""
+    fake.add(7, "python3", 1, start=1010, cmdline="python3 train.py", environ={"DFLASH_RUN_ID": "5d41402abc4b2a76"})
+    fake.add(8, "python3", 1, start=1011, cmdline="python3 train.py", environ={"DFLASH_RUN_ID": "5d41402abc4b2a76"})
+    fake.add(9, "python3", 1, start=1500, cmdline="python3 train.py", environ={"DFLASH_RUN_ID": "other"})
+    pidfile = tmp_path / "t.pid"
+    pidfile.write_text("6 1000 5d41402abc4b2a76\n")
+    table = proctable.snapshot(fake.path)
+    main, found = trainer_finding.find_trainer(StopOptions({"pidfile": str(pidfile), "pattern": "train[.]py"}),
+                                               table, fake.path)
+    assert main.pid == 9 and found["source"] == "pattern", "a process of another run is still a trainer"
+    assert [entry["pid"] for entry in found["leftovers"]] == [7, 8]
+    (fake.root / "9").rename(fake.root / "gone-9")
+    main, found = trainer_finding.find_trainer(StopOptions({"pidfile": str(pidfile), "pattern": "train[.]py"}),
+                                               proctable.snapshot(fake.path), fake.path)
+    assert main is None and found["pidfile_stale"] and len(found["leftovers"]) == 2
+    pidfile.write_text("7 1010 5d41402abc4b2a76\n")  # a live trainer: its workers are its run, not leftovers
+    main, found = trainer_finding.find_trainer(StopOptions({"pidfile": str(pidfile), "pattern": "train[.]py"}),
+                                               proctable.snapshot(fake.path), fake.path)
+    assert main.pid == 7 and found["leftovers"] == []
