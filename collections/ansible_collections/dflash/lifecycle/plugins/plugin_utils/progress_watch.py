@@ -166,16 +166,15 @@ class ControllerWatch:
     this fork can (its parent changed), and tells the CT (module_utils/ct/change_record.py)."""
 
     def __init__(self):
-        # the fork's parent as multiprocessing knows it (ansible-core forks its workers with it): its
-        # sentinel says the parent died even when that happened before this line ran
-        self.parent = multiprocessing.parent_process()
-        self.ppid = os.getppid()
+        # ansible-playbook's PID as multiprocessing recorded it at the fork (ansible-core forks its
+        # workers with it): right even when it died before this line ran, where getppid() is 1 already.
+        # Not its sentinel: the forks that run beside this one hold the sentinel's pipe open too.
+        parent = multiprocessing.parent_process()
+        self.parent_pid = parent.pid if parent is not None else os.getppid()
 
     def gone(self):
-        """Whether ansible-playbook has died since this fork began."""
-        if self.parent is not None:
-            return not self.parent.is_alive()
-        return os.getppid() != self.ppid
+        """Whether ansible-playbook has died since this fork began (the fork is reparented)."""
+        return os.getppid() != self.parent_pid
 
     def tell_if_gone(self, action, args, task_vars):
         """After the module returned: when ansible-playbook is gone, mark the CT's record of the
