@@ -61,6 +61,9 @@ def launch_words(progress):
     if progress.get("phase") == "gpus":
         return (f"waiting for the GPUs to be free: {progress.get('elapsed')}s of "
                 f"{progress.get('bound')}s; {progress.get('held')}")
+    if progress.get("phase") == "gang":
+        return (f"its ranks run; waiting for the gang's ranks to meet (the CT whose ranks log to say healthy): "
+                f"{progress.get('elapsed')}s of {progress.get('bound')}s")
     if progress.get("phase") == "throughput":
         figure = progress.get("tokens_per_s")
         return (f"throughput: {progress.get('lines')} of {progress.get('of')} progress lines, "

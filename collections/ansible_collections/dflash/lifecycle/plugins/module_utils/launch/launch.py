@@ -18,9 +18,13 @@ in that time is no health either. A failed attempt's log is set aside as LOG.fai
 older logs move back, so failed attempts never rotate the last good run's log away.
 
 One CT of a gang (gang: one torchrun job across CTs) is healthy once every rank its agent starts
-runs - they start when the rendezvous has every CT - and still runs health_seconds later. Only
-the CT that holds global rank 0 (RANK=0 in a worker's environment) has the progress lines; it is
-healthy by them as above, and a progress line there is a step every rank of every CT took part in.
+runs and the gang's ranks have met. Only the CT that holds global rank 0 (RANK=0 in a worker's
+environment) has the progress lines; it is healthy by them as above, and a progress line there is
+a step every rank of every CT took part in. Another CT's ranks running prove nothing by
+themselves - under a static rendezvous each agent starts its ranks at once, and they wait in
+init_process_group for the others - so it is healthy once its ranks still run health_seconds
+later and the CT whose ranks log has said its run is healthy (GangPeers), within health_timeout and
+throughput_timeout (that CT's own bounds).
 """
 
 from __future__ import annotations
@@ -198,6 +202,18 @@ class GangPeers:
     def tell(self, state):
         write_atomic(os.path.join(self.dir, self.me), f"{state}\n", mode=0o644)
 
+    def met(self):
+        """Whether another CT said its run is healthy: the first to say it is the CT whose ranks log
+        (the others say it only after it), so the gang's ranks have taken a step together."""
+        for member in self.members:
+            try:
+                with open(os.path.join(self.dir, member), encoding="utf-8") as handle:
+                    if member != self.me and handle.readline().strip() == "healthy":
+                        return True
+            except OSError:
+                continue
+        return False
+
     def failed(self):
         """(member, why) of another CT whose launch failed, or None (read every PEER_POLL_SECONDS)."""
         now = time.monotonic()
@@ -328,17 +344,31 @@ def _wait_all_ranks(proc, params, report, peers=None):
 
 def _stay_alive(proc, params, ranks, report, started, peers=None):
     """A CT of a gang without global rank 0 (no progress lines): healthy when its agent and every
-    rank still run health_seconds after they all started."""
+    rank still run health_seconds after they all started, and the gang's ranks have met (the CT
+    whose ranks log said healthy: GangPeers.met) within health_timeout and throughput_timeout."""
     began = time.monotonic()
     pids = [r["pid"] for r in ranks["ranks_env"]]
-    while time.monotonic() - began < float(params["health_seconds"]):
+    # the CT whose ranks log says healthy after its first progress line and its throughput's
+    bound = float(params["health_timeout"]) + float(params["throughput_timeout"])
+    if peers is not None:
+        peers.tell("ranks running")
+    while True:
+        elapsed = time.monotonic() - began
+        met = peers is None or peers.met()
+        if elapsed >= float(params["health_seconds"]) and met:
+            break
         lines = _log_while_healthy(proc, params, began, peers)
         gone = [pid for pid in pids if proctable.read_process(pid) is None]
         if gone:
             raise _still_running_failure(
                 proc, f"rank processes {', '.join(map(str, gone))} of the agent (PID {proc.pid}) ended "
-                f"{time.monotonic() - began:.1f}s after the rendezvous", lines)
-        report(phase="health", elapsed=round(time.monotonic() - began, 1), bound=params["health_seconds"])
+                f"{elapsed:.1f}s after the rendezvous", lines)
+        if elapsed > bound:
+            raise _still_running_failure(
+                proc, f"the gang's ranks did not meet within {elapsed:.0f}s: its ranks run, but no CT whose ranks "
+                "log said its run is healthy", lines)
+        report(phase="health" if met else "gang", elapsed=round(elapsed, 1),
+               bound=params["health_seconds"] if met else bound)
         time.sleep(HEALTH_POLL_SECONDS)
     return {"pid": proc.pid, "argv": proctable.read_argv(proc.pid), "healthy_after_s": round(time.monotonic() - started, 2),
             "first_progress_s": None, "progress_line": None, "step": None, "tokens_per_s": None}

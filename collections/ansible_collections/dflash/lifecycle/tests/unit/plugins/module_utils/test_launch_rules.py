@@ -1,7 +1,9 @@
 """module_utils/launch/launch.py: health is a real progress line, failed attempts keep the good log."""
 
+import functools
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -142,3 +144,36 @@ def test_a_gang_ct_whose_launch_fails_tells_the_others(tmp_path):
         launch.wait_healthy(proc, params(tmp_path, gang_health=health))
     assert (shared / "ct401").read_text().startswith("failed: the trainer (PID ")
     assert launch.GangPeers(dict(health, me="ct400")).failed()[0] == "ct401"
+
+
+@pytest.mark.parametrize("rank0_says", ["healthy", None])
+def test_a_gang_ct_without_rank_0_is_healthy_only_once_the_gangs_ranks_have_met(tmp_path, rank0_says):
+    """ct401's ranks run from the start (a static rendezvous starts them at once; they wait in
+    init_process_group): healthy only once ct400, whose ranks log, says its run is healthy; a CT that
+    says only that its ranks run proves nothing; silence past health_timeout fails, naming it."""
+    import threading
+
+    shared = tmp_path / "ckpt" / ".dflash-gang" / "big-abc-1"
+    health = {"dir": str(shared), "me": "ct401", "members": ["ct400", "ct401"]}
+    proc = run_trainer(tmp_path, "import time\ntime.sleep(30)")
+    rank0 = launch.GangPeers(dict(health, me="ct400"))
+    try:
+        peers = launch.GangPeers(health)
+        rank0.tell("ranks running")
+        assert not peers.met() and not rank0.met(), "ranks running is no meeting"
+        if rank0_says:
+            threading.Timer(0.6, rank0.tell, (rank0_says,)).start()
+        ranks = {"ranks_env": [{"pid": proc.pid, "rank": 1}]}
+        began = time.monotonic()
+        wait = functools.partial(launch._stay_alive, proc, params(tmp_path, health_timeout=1.5, throughput_timeout=0.5), ranks,
+                                 lambda **fields: None, began, peers)
+        if rank0_says:
+            assert wait()["pid"] == proc.pid and time.monotonic() - began >= 0.6
+            assert (shared / "ct401").read_text() == "ranks running\n"  # wait_healthy says healthy after
+        else:
+            with pytest.raises(launch.LaunchError) as caught:
+                wait()
+            assert "the gang's ranks did not meet within 2s: its ranks run, but no CT whose ranks log said" in str(caught.value)
+    finally:
+        proc.kill()
+        proc.wait()
