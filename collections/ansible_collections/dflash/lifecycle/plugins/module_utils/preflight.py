@@ -8,14 +8,13 @@ redeploy, then carries only what it runs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats, checkpoints
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, releases
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import torch_probe
 
 
@@ -84,13 +83,7 @@ def missing_tools(tools, check_mode):
     for tool in tools:
         path = tool["path"]
         try:
-            same = os.stat(path).st_size == tool["size"]
-            if same:
-                digest = hashlib.sha256()
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(block)
-                same = digest.hexdigest() == tool["sha256"]
+            same = os.stat(path).st_size == tool["size"] and releases.sha256_file(path) == tool["sha256"]
         except OSError:
             same = False
         if not same:

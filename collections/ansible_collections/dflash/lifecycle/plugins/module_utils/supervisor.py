@@ -599,7 +599,7 @@ def end_leftovers(sup):
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import leftovers
 
     table = proctable.snapshot()
-    found = leftovers.of_run(sup.run_id, table, proctable.ancestors(table, os.getpid()))
+    found = proctable.carrying(sup.run_id, table, proctable.ancestors(table, os.getpid()))
     if not found:
         return None
     report = leftovers.end(found)

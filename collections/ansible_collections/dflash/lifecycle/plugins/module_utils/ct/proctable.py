@@ -200,12 +200,17 @@ def run_processes(main, table, proc_root="/proc"):
     they write (the stop's target set, module_utils/stop/target_set.py, decides what is signalled): its
     descendants and, for a run this project launched, every process carrying its RUN_ID_ENV."""
     found = [main] + [table[pid] for pid in descendants(table, main.pid) if pid in table]
-    run_id = read_environ(main.pid, proc_root).get(RUN_ID_ENV)
-    if run_id:
-        seen = {proc.pid for proc in found}
-        found += [proc for pid, proc in sorted(table.items()) if pid not in seen and not proc.gone
-                  and read_environ(pid, proc_root).get(RUN_ID_ENV) == run_id]
-    return found
+    return found + carrying(read_environ(main.pid, proc_root).get(RUN_ID_ENV), table,
+                            {proc.pid for proc in found}, proc_root)
+
+
+def carrying(run_id, table, excluded=(), proc_root="/proc"):
+    """The processes of a snapshot (table) still running that carry run_id in their RUN_ID_ENV, by
+    PID, those in excluded left out; [] for no run_id."""
+    if not run_id:
+        return []
+    return [proc for pid, proc in sorted(table.items()) if pid not in excluded and not proc.gone
+            and read_environ(pid, proc_root).get(RUN_ID_ENV) == run_id]
 
 
 def read_cwd(pid, proc_root="/proc"):

@@ -185,6 +185,24 @@ def reader_of(params):
                               params["profile_line_regex"], params["profile_stage_regex"])
 
 
+def gang_states(spec):
+    """{member: the first line of its file ('' when it wrote none)} of the gang's health directory."""
+    states = {}
+    for member in spec["members"]:
+        try:
+            with open(os.path.join(spec["dir"], member), encoding="utf-8") as handle:
+                states[member] = handle.readline().strip()
+        except OSError:
+            states[member] = ""
+    return states
+
+
+def _failed_peer(states, me):
+    """(member, why) of the first CT other than me whose launch failed, or None."""
+    return next(((member, state[len("failed: "):]) for member, state in states.items()
+                 if member != me and state.startswith("failed: ")), None)
+
+
 class GangPeers:
     """The CTs of a gang tell each other how their launch goes, through one small file each in
     the checkpoint directory they share (gang_health: dir, me, members): a CT whose agent exited
@@ -194,7 +212,7 @@ class GangPeers:
     PEER_POLL_SECONDS = 0.5
 
     def __init__(self, spec):
-        self.dir, self.me, self.members = spec["dir"], spec["me"], spec["members"]
+        self.spec, self.dir, self.me = spec, spec["dir"], spec["me"]
         self.read_at = 0.0
         os.makedirs(self.dir, mode=0o755, exist_ok=True)
         self.tell("starting")
@@ -205,14 +223,7 @@ class GangPeers:
     def met(self):
         """Whether another CT said its run is healthy: the first to say it is the CT whose ranks log
         (the others say it only after it), so the gang's ranks have taken a step together."""
-        for member in self.members:
-            try:
-                with open(os.path.join(self.dir, member), encoding="utf-8") as handle:
-                    if member != self.me and handle.readline().strip() == "healthy":
-                        return True
-            except OSError:
-                continue
-        return False
+        return any(state == "healthy" for member, state in gang_states(self.spec).items() if member != self.me)
 
     def failed(self):
         """(member, why) of another CT whose launch failed, or None (read every PEER_POLL_SECONDS)."""
@@ -220,15 +231,7 @@ class GangPeers:
         if now - self.read_at < self.PEER_POLL_SECONDS:
             return None
         self.read_at = now
-        for member in self.members:
-            try:
-                with open(os.path.join(self.dir, member), encoding="utf-8") as handle:
-                    state = handle.readline().strip()
-            except OSError:
-                continue
-            if member != self.me and state.startswith("failed: "):
-                return member, state[len("failed: "):]
-        return None
+        return _failed_peer(gang_states(self.spec), self.me)
 
 
 def gang_outcome(spec, timeout):
@@ -237,17 +240,10 @@ def gang_outcome(spec, timeout):
     nothing within timeout seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        states = {}
-        for member in spec["members"]:
-            try:
-                with open(os.path.join(spec["dir"], member), encoding="utf-8") as handle:
-                    states[member] = handle.readline().strip()
-            except OSError:
-                states[member] = ""
-        failed = [(m, state[len("failed: "):]) for m, state in states.items()
-                  if m != spec["me"] and state.startswith("failed: ")]
+        states = gang_states(spec)
+        failed = _failed_peer(states, spec["me"])
         if failed:
-            return failed[0]
+            return failed
         if all(state == "healthy" for state in states.values()) or time.monotonic() >= deadline:
             return None
         time.sleep(GangPeers.PEER_POLL_SECONDS)

@@ -70,9 +70,11 @@ def _wait_gone(proc, seconds=None):
     watcher = target_set.Targets()
     watcher.add(proc, "a process the worker waits for")
     try:
-        while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS if seconds is None else seconds) \
-                and seconds is None:
-            pass
+        if seconds is not None:
+            watcher.wait_gone([proc.identity], seconds)
+        else:
+            while watcher.wait_gone([proc.identity], ADOPT_WAIT_SLICE_SECONDS):
+                pass
     finally:
         watcher.close()
 
@@ -156,10 +158,11 @@ def _work_in_worker(work, state_dir, name, pipe_w, lease, caller, on_orphaned, a
         os.unlink(_worker_file(state_dir, name))
         if on_orphaned is not None and not proctable.alive(caller):
             on_orphaned(result)
-        if after is not None or (unlock and lease and not result.get("failed")):
+        give_back = unlock and lease and not result.get("failed")
+        if after is not None or give_back:
             os.close(pipe_w)  # the caller reads the result now
             end_keeper(keeper)
-            if unlock and lease and not result.get("failed"):
+            if give_back:
                 _give_back_after(caller, lease)
             if after is not None:
                 after(result)

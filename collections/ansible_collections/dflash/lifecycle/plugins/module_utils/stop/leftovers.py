@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import signal
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import target_set
 
 # SIGTERM, then this long for those that exit by themselves (a worker's own cleanup), then SIGKILL
@@ -36,15 +36,6 @@ def dead_run_id(pidfile, table):
     if main is not None and not main.gone and (entry.starttime is None or main.starttime == entry.starttime):
         return None
     return entry.run_id
-
-
-def of_run(run_id, table, excluded=(), proc_root="/proc"):
-    """The processes still running that carry run_id (the dead run's leftovers), oldest first."""
-    if not run_id:
-        return []
-    return sorted((proc for pid, proc in table.items() if pid not in excluded and not proc.gone
-                   and proctable.read_environ(pid, proc_root).get(proctable.RUN_ID_ENV) == run_id),
-                  key=lambda proc: proc.starttime)
 
 
 def end(procs, proc_root="/proc", grace=GRACE_S):

@@ -81,7 +81,7 @@ def find_trainer(options, table, proc_root):
             return proc, found
         found["pidfile_stale"] = reason != "pidfile does not exist"
         found["pidfile_reason"] = reason
-        left = leftovers.of_run(leftovers.dead_run_id(options.pidfile, table), table, excluded, proc_root)
+        left = proctable.carrying(leftovers.dead_run_id(options.pidfile, table), table, excluded, proc_root)
         found["leftovers"] = [{"pid": proc.pid, "cmdline": proc.cmdline[:200]} for proc in left]
         excluded = set(excluded).union(proc.pid for proc in left)
     if not options.pattern:

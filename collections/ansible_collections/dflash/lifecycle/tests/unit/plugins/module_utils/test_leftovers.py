@@ -1,5 +1,6 @@
-"""module_utils/stop/leftovers.py with real processes of the test's own: what a dead run left is
-found by its run id, never by its command line, and ended (SIGTERM, a grace, SIGKILL)."""
+"""module_utils/stop/leftovers.py and proctable.carrying, with real processes of the test's own:
+what a dead run left is found by its run id, never by its command line, and ended (SIGTERM, a
+grace, SIGKILL)."""
 
 import os
 import signal
@@ -30,7 +31,7 @@ def test_the_leftovers_of_a_dead_run_are_found_by_its_id_and_ended(tmp_path):
         subprocess.run([sys.executable, "-c", "import time; time.sleep(0.3)"], check=True)  # the children's exec
         table = proctable.snapshot()
         assert leftovers.dead_run_id(str(pidfile), table) == run_id
-        found = leftovers.of_run(run_id, table)
+        found = proctable.carrying(run_id, table)
         assert sorted(p.pid for p in found) == sorted([procs[0].pid, procs[1].pid])
         report = leftovers.end(found, grace=0.5)
         assert report == {"ended": sorted([procs[0].pid, procs[1].pid]), "killed": [procs[1].pid], "survivors": []}
