@@ -21,7 +21,7 @@ LONGEST_FIRST = ("test_layout_redeploys.py", "test_faults.py", "test_gang_as_run
                  "test_controller_death.py", "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
                  "test_model_in_shm.py", "test_supervise.py", "test_supervise_real_trainer.py", "test_pve_hooks.py", "test_hostile_ct.py", "test_trainer_code.py", "test_canary.py", "test_settings.py",
                  "test_launch.py", "test_connection_plugin.py", "test_checkpoint_layouts.py", "test_moved_ct.py",
-                 "test_stop_request.py", "test_seeded_trainer.py", "test_security.py")
+                 "test_stop_request.py", "test_seeded_trainer.py", "test_security.py", "test_unprivileged_ct.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -45,7 +45,9 @@ def _worker_inventory():
     shutil.copytree(default, root)
     import atexit
     atexit.register(shutil.rmtree, root, True)
+    # the state dir in both files (the mount points' sources live in it), the nodes' addresses
     for name, old, new in (("group_vars/all.yml", "/var/lib/dflash-testbed/main", f"/var/lib/dflash-testbed/main-{worker}"),
+                           ("hosts.yml", "/var/lib/dflash-testbed/main/", f"/var/lib/dflash-testbed/main-{worker}/"),
                            ("hosts.yml", "ansible_host: 127.77.0.", f"ansible_host: 127.77.{10 + index}.")):
         path = os.path.join(root, name)
         with open(path, encoding="utf-8") as handle:
@@ -230,25 +232,33 @@ GANG = "dflash_big"
 TORCH_PYTHON = os.path.join(REPO, ".venv-torch", "bin", "python")
 
 
+GANG_MODEL = "/workspace/models/target"
+
+
 def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
     """A testbed of its own for a gang: two nodes on loopback (<loopback>.1, .2), a CT on each -
     ct400 (rank 0) and ct401 (rank 1) of gang dflash_big, on the testbed's cluster network
     (<cluster_net>.1, .2 in a network namespace of the testbed's own) and sharing one checkpoint
     directory (a bind mount point, as shared storage is) - each running a torchrun agent with 2 CPU
-    ranks over gloo. With solo, ct402 on the first node runs the same alone (torchrun --standalone)."""
+    ranks over gloo. Both CTs are unprivileged, as Proxmox creates them, and the shared directory is
+    handed to their root as the nodes see it (uid 100000, the same map on both). With solo, ct402 on the
+    first node runs the same alone (torchrun --standalone), privileged."""
     shared = f"{state_dir}/shared/checkpoints,mp=/workspace/checkpoints"
     cts = {}
     for rank, (node, vmid) in enumerate((("gn1", 400), ("gn2", 401))):
         address = f"{cluster_net}.{rank + 1}"
         cts[f"ct{vmid}"] = {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_gpu_count": 2,
                             "trainer_run_gang_rank": rank, "trainer_run_gang_address": address,
-                            "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24", "testbed_mp0": shared}
+                            "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24", "testbed_mp0": shared,
+                            "testbed_unprivileged": True, "testbed_mapped_mounts": ["mp0"]}
     if solo:
         cts["ct402"] = {"pve_node": "gn1", "ansible_pct_vmid": 402, "testbed_gpu_count": 2,
                         "trainer_run_launcher_options": {"nproc_per_node": 2, "standalone": True}}
     settings = {"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": 2},
                 "trainer_run_python": TORCH_PYTHON, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
                 "dflash_profile_interval": 20,
+                # on the CT's disk: a CT restart (test_gang.py tests 11, 12) keeps it, and no launch starts without it
+                "dflash_target_model": GANG_MODEL,
                 # a gang's crash relaunched after a short back-off (test_gang.py test 13)
                 "trainer_launch_supervise_backoff_s": 2}
     return make_testbed_inventory(root, state_dir, {"gn1": f"{loopback}.1", "gn2": f"{loopback}.2"}, cts,

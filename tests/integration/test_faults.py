@@ -307,19 +307,32 @@ def test_a_traceback_on_the_first_progress_line_fails_health_and_the_old_release
     assert "ZeroDivisionError" in in_ct300(testbed, "cat /workspace/logs/train.log.failed").stdout
 
 
+# the run of before, made unable to start: its last healthy launch's own settings (the CT's run.json)
+# now crash at start, as a changed environment would make them
+BREAK_THE_RUN_OF_BEFORE = (
+    "python3 -c \"import json; p = '/var/lib/dflash/lifecycle/run.json'; s = json.load(open(p)); "
+    "head, rest = s['launch']['wrapper_script'].split(chr(10), 1); "
+    "s['launch']['wrapper_script'] = head + chr(10) + 'export DFLASH_TEST_CRASH_AT_START=1' + chr(10) + rest; "
+    "json.dump(s, open(p, 'w'))\"")
+
+
 def test_a_failed_launch_and_a_failed_rollback_fail_with_both_causes(testbed, tmp_path):
     prepare_ct300(testbed)
     before = links(testbed)
     good_log = in_ct300(testbed, "cat /workspace/logs/train.log").stdout
     assert "tok/s" in good_log
+    in_ct300(testbed, BREAK_THE_RUN_OF_BEFORE)
     src = source(tmp_path, "v-both", lambda t: t + "\n# v-both\n")
-    # every launch crashes at start: the new release's and the rescue's relaunch of the old one
+    # every launch crashes at start: the new release's (this job's settings) and the rescue's relaunch of the
+    # old one (its own settings, broken above)
     res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", f"trainer_code_src={src}",
                            "-e", json.dumps({"dflash_env": {"DFLASH_TEST_CRASH_AT_START": "1"}}), check=False)
     out = " ".join(res.stdout.split())
     assert res.returncode != 0
     assert re.search(r"launch failed: the trainer \(PID \d+\) (printed a Python traceback and )?exited with status 1", out), out
     assert "rollback failed: the trainer (PID" in out
+    assert re.search(r"\(on the settings of its healthy launch at [0-9-]+ [0-9:]+ UTC \(release \w+\); this job'{1,2}s "
+                     r"differed in wrapper_script\)", out), out
     assert "NO TRAINER IS RUNNING in this CT; newest checkpoint /workspace/checkpoints/step_" in out
     assert "no command line: not launched" not in out and "PID None" not in out
     assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout == ""
@@ -333,11 +346,12 @@ def test_a_failed_launch_and_a_failed_rollback_fail_with_both_causes(testbed, tm
     prepare_ct300(testbed)  # a healthy launch of it clears the record
 
 
-def test_a_launch_that_fails_in_the_preflights_call_is_rescued_as_any_failed_launch(testbed):
+def test_a_setting_that_fails_the_launch_leaves_the_run_of_before_on_its_own_settings(testbed):
     """ct300 runs alone and its release is installed: the preflight's call stops the trainer and
-    launches the new one (one round trip). A launch failing there goes through the same rescue as
-    one that fails in its own task: the stop's checkpoint stated, the relaunch tried, both causes
-    named, nothing left running unsaid, the lock given back."""
+    launches with this job's settings (one round trip), which pass every check and crash at start.
+    The rescue brings the run of before back as it was - its release and its last healthy launch's own
+    settings, resuming from the stop's checkpoint - and the report says which settings, and what
+    this job changed; the lock is given back."""
     prepare_ct300(testbed)
     before = links(testbed)
     res = testbed.playbook(REDEPLOY, "-l", "ct300", "-e", json.dumps({"dflash_env": {"DFLASH_TEST_CRASH_AT_START": "1"}}),
@@ -347,11 +361,15 @@ def test_a_launch_that_fails_in_the_preflights_call_is_rescued_as_any_failed_lau
     preflight = next(block for block in res.stdout.split("\nTASK [")[1:]
                      if block.startswith("trainer_preflight : Check GPUs"))
     assert "fatal: [ct300]" in preflight and "exited with status 1" in preflight, preflight
-    assert re.search(r"ct300: release \w+ \(installed already\), stopped by SIGINT in [0-9.]+s, checkpoint "
-                     r"/workspace/checkpoints/step_\d+ \(step_dirs\) \(0 steps lost\), launch failed", out), out
-    assert "rollback failed: the trainer (PID" in out
-    assert "NO TRAINER IS RUNNING in this CT; newest checkpoint /workspace/checkpoints/step_" in out
-    assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout == ""
+    found = re.search(r"ct300: release \w+ \(installed already\), stopped by SIGINT in [0-9.]+s, checkpoint "
+                      r"(/workspace/checkpoints/step_\d+) \(step_dirs\) \(0 steps lost\), launch failed, rolled back to "
+                      r"\w+: PID (\d+) running again \(on the settings of its healthy launch at [0-9-]+ "
+                      r"[0-9:]+ UTC \(release \w+\); this job'{1,2}s differed in wrapper_script\)", out)
+    assert found, out
+    pid = found.group(2)
+    assert in_ct300(testbed, "pgrep -f 'train_dflash_pipeline[.]py'", check=False).stdout.split() == [pid]
+    assert "DFLASH_TEST_CRASH_AT_START" not in in_ct300(testbed, f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+    assert f"resumed from {found.group(1)}" in in_ct300(testbed, "cat /workspace/logs/train.log").stdout
     assert links(testbed) == before
     prepare_ct300(testbed)  # the next job takes the CT: the lock was given back
 

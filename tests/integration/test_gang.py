@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from testlib import GANG, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
+from testlib import GANG, GANG_MODEL, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
 
 STATE = "/var/lib/dflash-testbed/gang"
 # a run whose rank 0 saves alone and whose ranks take the stop request (tests 8 and 9)
@@ -108,7 +108,7 @@ def running_gang(tmp_path_factory, state_dir, loopback, cluster_net):
     bed.bed.up_fresh()
     try:
         for host in CTS:
-            bed.sh(host, "mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > /dev/shm/models/target/config.json "
+            bed.sh(host, f"mkdir -p {GANG_MODEL} /workspace/data && echo '{{}}' > {GANG_MODEL}/config.json "
                          "&& echo 'a b c d e f g h' > /workspace/data/corpus.txt")
         first = bed.make("restart")
         assert first.returncode == 0, first.stdout[-6000:]

@@ -1,10 +1,11 @@
 """Proxmox's own stops and starts with the project's hookscript installed by the README's command
-(`make pve-hooks`), on the testbed's ct300: `pct shutdown` and `pct reboot` keep the run's checkpoint
-from the stop with 0 steps lost and bring the run back on its release, resuming from that
-checkpoint with its model restaged into the wiped /dev/shm; a run stopped with `make stop` stays
-stopped across a reboot; someone else's hookscript is refused, or chained to when asked; a storage
-a node lacks and a node that does not answer are refused before anything changes; a CT whose hook
-cannot run at pre-stop says what is lost. The testbed's pct runs the hookscript as pve-container
+(`make pve-hooks`), on the testbed's ct300 (unprivileged): `pct shutdown` and `pct reboot` keep the
+run's checkpoint from the stop with 0 steps lost and bring the run back on its release, resuming from
+that checkpoint with its model restaged into the wiped /dev/shm; a relaunch after a restart that
+wiped a model no job stages is refused by the preflight's rule and said; a run stopped with `make stop`
+stays stopped across a reboot; someone else's hookscript is refused, or chained to when asked; a
+storage a node lacks and a node that does not answer are refused before anything changes; a CT whose
+hook cannot run at pre-stop says what is lost. The testbed's pct runs the hookscript as pve-container
 does (tests/testbed/pct.py: PVE::LXC::vm_start, vm_stop, vm_reboot)."""
 
 import contextlib
@@ -183,7 +184,26 @@ def test_4_a_hook_that_cannot_run_at_pre_stop_lets_the_stop_go_on_and_says_what_
     assert sh(testbed, "python3 /var/lib/dflash/lifecycle/agent.zip pre-start; echo $?").stdout.strip() == "0"
 
 
-def test_5_a_storage_a_node_lacks_and_a_node_that_does_not_answer_are_refused_before_anything_changes(
+def test_5_a_relaunch_after_a_ct_restart_applies_the_preflights_rules_and_says_its_refusal(testbed, hooked):
+    """A run launched with its model copied into /dev/shm by hand (no trainer_model_stage): the CT's
+    restart wipes the model, and the hook's relaunch refuses to start without it, as `make restart`
+    would, saying so in the CT's record and in `make status` - never a trainer started to crash."""
+    kill_trainers(testbed)
+    sh(testbed, f"rm -rf {TARGET} && mkdir -p /dev/shm/models && cp -a {SOURCE} {TARGET}")
+    by_hand = {key: value for key, value in SETTINGS.items() if not key.startswith("trainer_model_stage")}
+    started = make("start", f"HOST={CT}", extra=by_hand)
+    assert started.returncode == 0, started.stdout[-3000:]
+    testbed.ssh(NODE, f"pct reboot {VMID}", check=True, timeout=300)
+    refusal = f"model_dirs {TARGET}: missing: the model lives in /dev/shm, which is wiped when the CT restarts"
+    wait_for("the relaunch's refusal", lambda: refusal in sh(testbed, "cat /var/lib/dflash/last-change.json").stdout)
+    assert trainer_pids(testbed) == []
+    status = " ".join(make("status", f"HOST={CT}").stdout.split())
+    assert refusal in status and "nothing was started" in status, status[-3000:]
+    again = make("start", f"HOST={CT}", extra=SETTINGS)  # the model staged again from its persistent copy
+    assert again.returncode == 0, again.stdout[-3000:]
+
+
+def test_6_a_storage_a_node_lacks_and_a_node_that_does_not_answer_are_refused_before_anything_changes(
         testbed, hooked, tmp_path):
     before = {node: os.stat(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py")).st_mtime_ns
               for node in (NODE, OTHER_NODE)}
@@ -216,7 +236,7 @@ def test_5_a_storage_a_node_lacks_and_a_node_that_does_not_answer_are_refused_be
                       for node in (NODE, OTHER_NODE)}
 
 
-def test_6_someone_elses_hookscript_is_refused_never_overwritten_or_chained_to_when_asked(testbed, hooked):
+def test_7_someone_elses_hookscript_is_refused_never_overwritten_or_chained_to_when_asked(testbed, hooked):
     phases = os.path.join(testbed.bed.node_dir(NODE), "other-hook.phases")
     for node in (NODE, OTHER_NODE):
         path = os.path.join(snippets(testbed, node), "other.sh")
@@ -246,3 +266,4 @@ def test_6_someone_elses_hookscript_is_refused_never_overwritten_or_chained_to_w
         assert os.access(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.py"), os.X_OK)
         assert not os.path.exists(os.path.join(snippets(testbed, node), "dflash-lifecycle-hook.d", f"{VMID}.chain"))
     os.unlink(phases)
+

@@ -11,6 +11,9 @@ has a surprising behaviour the project must cope with, this one has it too:
   (pct.pm ``exec``: ``exec(@lxc_attach_cmd)``), with no wrapper process and no
   setsid, so a command run without a tty sees PGID 0 and SID 0 in the CT, and
   the exit status is the command's own (128+N when it dies by signal N).
+* ``push`` creates the file in the CT's mount namespace and, for an unprivileged CT, its user
+  namespace as its root, so it is owned through the CT's id map; ``pull`` opens the source in the
+  mount namespace only, as the node's root (pct.pm ``push``/``pull``);
 * ``push``/``pull`` run the copy in a forked worker (pct.pm ``fork_worker``);
   the CLI entry has no ``$upid_exit`` handler, so a failed copy prints the
   error on stderr and still exits 0.
@@ -51,6 +54,7 @@ VMID_RE = r"^[1-9][0-9]{2,8}$"
 # die() message without a trailing newline, and the real texts keep that.
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 DIE_EXIT = 255  # perl's die() and CLIHandler's exit(-1)
 CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # pve-common CLIHandler.pm run_cli_handler
 HELD_LOCKS = set()  # (node dir, vmid) of the config locks this process holds
@@ -312,16 +316,26 @@ def memory_limit(conf):
     return "cgroup.memory.limit_in_bytes", limit
 
 
-def setns_mount(pid):
-    """Enter the mount namespace of ``pid`` (PVE::Tools::setns)."""
+def setns_mount(pid, unprivileged=False):
+    """Enter the mount namespace of ``pid`` (PVE::Tools::setns) and, for an unprivileged CT, its
+    user namespace as its root (pct.pm push: setns CLONE_NEWUSER, then setgid(0) and setuid(0)), so
+    that a file is created as the CT's root is mapped on the node."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    user = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY) if unprivileged else None
     try:
-        if libc.setns(fd, CLONE_NEWNS) != 0:
+        if libc.setns(mnt, CLONE_NEWNS) != 0:
             raise PctError("failed to enter the container's mount namespace\n")
+        os.chdir("/")
+        if user is not None:
+            if libc.setns(user, CLONE_NEWUSER) != 0:
+                raise PctError("failed to enter the container's user namespace\n")
+            os.setgid(0)
+            os.setuid(0)
     finally:
-        os.close(fd)
-    os.chdir("/")
+        os.close(mnt)
+        if user is not None:
+            os.close(user)
 
 
 def create_file(path, perms, user, group):
@@ -462,7 +476,7 @@ def cmd_push(node, argv):
     with node.lock_config(vmid):
         if not node.check_running(vmid):
             raise PctError("can only push files to a running CT\n")
-        node.load_config(vmid)
+        unprivileged = perl_bool(node.load_config(vmid).get("unprivileged", "0"))
 
         def work():
             pid = node.init_pid(vmid)
@@ -470,7 +484,7 @@ def cmd_push(node, argv):
                 src = os.open(args["file"], os.O_RDONLY)
             except OSError:
                 raise PctError(f"failed to open {args['file']} for reading\n") from None
-            setns_mount(pid)
+            setns_mount(pid, unprivileged)
             dst = create_file(args["destination"], perms, args.get("user"), args.get("group"))
             copy_fd(src, dst)
 

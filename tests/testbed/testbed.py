@@ -13,7 +13,12 @@ so the inventory the playbooks use and the testbed can never disagree:
   testbed's cluster network, a network namespace of its own that no host interface is part of)
   and ``testbed_mp0`` (``<host dir>,mp=<path in the CT>``: a bind mount point, as shared
   storage gives several CTs one directory), written into the CT's Proxmox config as
-  ``net0``/``mp0``.
+  ``net0``/``mp0``; ``testbed_mp1`` likewise;
+  ``testbed_unprivileged`` (true: an unprivileged CT, Proxmox's default, built as pve-container builds
+  one: ``unprivileged: 1`` in its Proxmox config, the default id map in its LXC config, its rootfs
+  owned through the map) and ``testbed_mapped_mounts`` (the mount points, ``mp0``/``mp1``, whose
+  source directory the testbed hands to the CT's root as the node sees it, as an admin does for an
+  unprivileged CT; the others stay the node root's, ``nobody`` in such a CT).
 
 ``up`` and ``down`` are idempotent.  Everything created lives under the state
 dir and carries a marker; ``down`` ends only the daemons and containers it
@@ -56,6 +61,13 @@ CT_DIRS = ("usr", "etc", "proc", "sys", "dev", "tmp", "root", "run", "var/tmp",
            "var/log", "workspace", "opt", "home", "mnt", "local-bin")
 # Mirror the host's merged-/usr symlinks so host binaries find their libraries.
 USR_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# an unprivileged CT's id map when its config sets none: pve-container's PVE::LXC::update_lxc_config
+# writes "lxc.idmap = u 0 100000 65536" and the same for g (PVE::LXC::parse_id_maps' default)
+ID_MAP_BASE, ID_MAP_COUNT = 100000, 65536
+MOUNT_POINTS = ("mp0", "mp1")
+# cgroup v1's devices controller, where the host mounts one: there an allow rule adds to what is
+# allowed; cgroup v2's rules would make LXC's device program an allow list of them alone
+DEVICES_V1 = os.path.isdir("/sys/fs/cgroup/devices")
 
 
 class TestbedError(Exception):
@@ -94,7 +106,9 @@ def load_layout(inventory):
         nodes[node]["cts"][vmid] = {
             "hostname": name, "gpus": int(hv.get("testbed_gpu_count", DEFAULT_GPU_COUNT)),
             "tags": hv.get("testbed_tags", DEFAULT_TAGS),
-            "net0": hv.get("testbed_net0"), "mp0": hv.get("testbed_mp0")}
+            "net0": hv.get("testbed_net0"), "mp0": hv.get("testbed_mp0"), "mp1": hv.get("testbed_mp1"),
+            "unprivileged": bool(hv.get("testbed_unprivileged", False)),
+            "mapped_mounts": list(hv.get("testbed_mapped_mounts") or [])}
     for name, node in nodes.items():
         if not node["address"].startswith("127."):
             raise TestbedError(f"{name}: testbed nodes must live on loopback (127.0.0.0/8)")
@@ -389,20 +403,33 @@ class Testbed:
             "tmpfs run tmpfs rw,nosuid,nodev,mode=755,create=dir 0 0",
             f"{TORCH_VENV} {TORCH_VENV.lstrip('/')} none bind,ro,optional,create=dir 0 0",
         ]
-        if ct["mp0"]:
-            # a bind mount point (pve-container mounts mpN before the CT starts)
-            source, target = pct.parse_mount_point(ct["mp0"])
-            os.makedirs(source, mode=0o755, exist_ok=True)
-            mounts.append(f"{source} {target.lstrip('/')} none bind,create=dir 0 0")
-        # Device nodes a CUDA process would hold open; /dev/null stands in.
-        mounts += [f"/dev/null dev/nvidia{i} none bind,create=file 0 0" for i in range(ct["gpus"])]
-        mounts.append("/dev/null dev/nvidiactl none bind,create=file 0 0")
+        for key in MOUNT_POINTS:
+            if ct[key]:
+                # a bind mount point (pve-container mounts mpN before the CT starts); its source keeps
+                # its owner on the node, seen through the id map in an unprivileged CT
+                source, target = pct.parse_mount_point(ct[key])
+                os.makedirs(source, mode=0o755, exist_ok=True)
+                if ct["unprivileged"] and key in ct["mapped_mounts"]:
+                    os.chown(source, ID_MAP_BASE, ID_MAP_BASE)
+                mounts.append(f"{source} {target.lstrip('/')} none bind,create=dir 0 0")
+        # Device nodes a CUDA process would hold open, bound in as the Proxmox wiki's GPU passthrough
+        # does it (bind,optional,create=file); /dev/null stands in for each
+        mounts += [f"/dev/null dev/nvidia{i} none bind,optional,create=file 0 0" for i in range(ct["gpus"])]
+        mounts.append("/dev/null dev/nvidiactl none bind,optional,create=file 0 0")
+        id_map = []
+        if ct["unprivileged"]:
+            id_map = [f"lxc.idmap = {kind} 0 {ID_MAP_BASE} {ID_MAP_COUNT}" for kind in ("u", "g")]
+            self.own_through_map(rootfs)
         write(os.path.join(ctdir, "config"), "\n".join([
             f"# dflash-testbed CT (state dir {self.state_dir}); removed by testbed.py down",
             f"lxc.uts.name = {hostname}",
             f"lxc.rootfs.path = dir:{rootfs}",
             "lxc.net.0.type = empty",
             "lxc.apparmor.profile = unconfined",
+            *id_map,
+            # the device nodes' access, as the wiki's lxc.cgroup2.devices.allow lines give it, for the
+            # stand-in's c 1:3, on a host with cgroup v1's devices controller
+            *(["lxc.cgroup.devices.allow = c 1:3 rwm"] if ct["unprivileged"] and DEVICES_V1 else []),
             "lxc.autodev = 1",
             # the CT sees its own cgroups, its memory limit among them: a Proxmox CT's systemd mounts them
             # in its cgroup namespace, and tini does not, so LXC does (force: it skips them in a namespace)
@@ -432,11 +459,31 @@ class Testbed:
             f"tags: {ct['tags']}",
             f"testbed_gpus: {ct['gpus']}",
             *([f"net0: {ct['net0']},type=veth"] if ct["net0"] else []),
-            *([f"mp0: {ct['mp0']}"] if ct["mp0"] else []),
+            *[f"{key}: {ct[key]}" for key in MOUNT_POINTS if ct[key]],
+            # an unprivileged CT with the Proxmox wiki's GPU passthrough lines (195: the NVIDIA devices'
+            # major); the testbed's LXC config above binds its stand-ins
+            *(["unprivileged: 1", "lxc.cgroup2.devices.allow: c 195:* rwm",
+               *[f"lxc.mount.entry: /dev/nvidia{i} dev/nvidia{i} none bind,optional,create=file"
+                 for i in range(ct["gpus"])]] if ct["unprivileged"] else []),
             "",
         ]))
         if not node.check_running(vmid):
             node.start(vmid)
+
+    @staticmethod
+    def own_through_map(rootfs):
+        """The rootfs of an unprivileged CT owned through its id map, as pve-container's restore of a
+        template leaves it (PVE::LXC::Create, the archive unpacked under lxc-usernsexec): each file's
+        owner shifted by the map's base, once (a file the CT wrote is shifted already)."""
+        for top, dirs, files in os.walk(rootfs):
+            for name in [*dirs, *files]:
+                path = os.path.join(top, name)
+                st = os.lstat(path)
+                if st.st_uid < ID_MAP_BASE:
+                    os.lchown(path, st.st_uid + ID_MAP_BASE, st.st_gid + ID_MAP_BASE)
+        st = os.lstat(rootfs)
+        if st.st_uid < ID_MAP_BASE:
+            os.lchown(rootfs, st.st_uid + ID_MAP_BASE, st.st_gid + ID_MAP_BASE)
 
     @staticmethod
     def write_init(usr_top):

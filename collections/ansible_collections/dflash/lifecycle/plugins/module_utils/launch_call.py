@@ -55,6 +55,7 @@ ARGUMENT_SPEC = {
     "gpu_free_threshold_mib": {"type": "int", "default": 1024},
     "gpu_free_timeout": {"type": "float", "default": 60},
     "log_file": {"type": "path", "required": True},
+    "model_dirs": {"type": "list", "elements": "path", "default": []},
     "log_keep": {"type": "int", "default": 5},
     "checkpoint_dir": {"type": "path"},
     **checkpoint_formats.ARGUMENT_SPEC,
@@ -84,6 +85,7 @@ ARGUMENT_SPEC = {
     "release_base": {"type": "path"},
     "stage_models": STAGE_MODELS,
     "rollback_on_failure": {"type": "bool", "default": False},
+    "settings_from": {"type": "str", "choices": ["job", "last_launch", "launch_before_last"], "default": "job"},
     "rollback_launch": {"type": "dict", "options": {
         "wrapper_script": {"type": "str", "required": True},
         "gang_health_dir": {"type": "path"},
@@ -165,8 +167,9 @@ def run(params, check_mode, warn, lease=None, unlock=False):
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, rundir
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
+    params, settings = run_before(params)
     if check_mode:  # nothing is stopped, staged or started: what would be, from here
-        return _launch(params, True, {})
+        return dict(_launch(params, True, {}), **settings)
     # the worker is no descendant of ours: our ancestors stay out of its stop's reach
     exclude = proctable.ancestors(proctable.snapshot(), os.getpid())
 
@@ -191,8 +194,27 @@ def run(params, check_mode, warn, lease=None, unlock=False):
         # that says whether it had stopped the run
         from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
         result["trainer_running"] = trainer_finding.running(params["pidfile"], params["pattern"]) is not None
-        raise LaunchFailed(result.pop("msg"), **result)
-    return result
+        raise LaunchFailed(result.pop("msg"), **dict(result, **settings))
+    return dict(result, **settings)
+
+
+def run_before(params):
+    """(the options to launch, {settings: words} or {}) for settings_from: the job's own, or those of a
+    launch the CT keeps (run.json) - its last (a rollback after a launch that failed, which kept nothing)
+    or the one before it (after a healthy launch the job rejected: the canary, a gang's failure
+    elsewhere) - as a relaunch of that run with this job's lifecycle place and gang health place."""
+    wanted = params.get("settings_from") or "job"
+    if wanted == "job":
+        return params, {}
+    directory = (params.get("lifecycle") or {}).get("dir")
+    spec = run_spec.read(directory) if directory else None
+    if spec is not None and wanted == "launch_before_last":
+        spec = spec.get("before")
+    if not spec:
+        return params, {"settings": "this job's settings (the CT keeps no earlier launch of the run)"}
+    again = run_spec.relaunch_params(spec, (params.get("gang_health") or {}).get("dir"))
+    again["lifecycle"]["dir"] = directory
+    return again, {"settings": run_spec.settings_words(spec, params)}
 
 
 def run_here(params, lease):
@@ -260,6 +282,9 @@ def _steps(params, exclude, phase):
     from ansible_collections.dflash.lifecycle.plugins.module_utils import gang_agreement
 
     done = {}
+    # the run as it was before this job: what a rollback brings back (its launch rewrites the spec)
+    directory = (params.get("lifecycle") or {}).get("dir")
+    spec = run_spec.read(directory) if directory else None
     gang = params["gang_stop"]
     if params["stop_first"]:
         phase("stop")
@@ -277,7 +302,7 @@ def _steps(params, exclude, phase):
         if agreed["problems"]:
             phase("relaunch")
             raise LaunchFailed(f"gang {gang['name']} after its stop: {'; '.join(agreed['problems'])}",
-                               rollback=_relaunch_after_stop(params, agreed["relaunch"]), **done)
+                               rollback=_relaunch_after_stop(params, agreed["relaunch"], spec), **done)
     before = _links(params)
     try:
         if params["stage_models"]:
@@ -292,7 +317,7 @@ def _steps(params, exclude, phase):
         if not params["rollback_on_failure"]:
             raise
         phase("rollback")
-        err.details["rollback"] = _rollback(params, err, before, exclude)
+        err.details["rollback"] = _rollback(params, err, before, exclude, spec)
         raise
 
 
@@ -336,37 +361,41 @@ def _own_run_words(params, result):
     return f"its run (PID {result['pid']}) {how} after its launch was healthy" + (f": {last}" if last else "")
 
 
-def _relaunch_after_stop(params, relaunch):
+def _relaunch_after_stop(params, relaunch, spec):
     """After a gang's stop phase failed: the release of before (the push activated nothing) again
     from the checkpoint every CT sees, when every CT's run is gone; else nothing, said."""
     if not relaunch["relaunch"]:
         return {"after_stop": True, "failed": True, "msg": f"not relaunched: {relaunch['why']}"}
     try:
-        again = _relaunch(params)
+        again = _relaunch(params, spec)
     except LaunchFailed as err:
         return {"after_stop": True, "failed": True, "msg": err.msg, "relaunch": dict(err.details, failed=True, msg=err.msg)}
     return {"after_stop": True, "relaunch": again,
             "msg": f"the release of before runs again from {relaunch['checkpoint']}: {again['msg']}"}
 
 
-def relaunch_options(params, **changes):
-    """The options that launch the release current points to again, resuming from the newest
-    checkpoint (a run launched fresh resumes too: a stop kept one): nothing stopped, staged,
-    activated or rolled back, unless changes say otherwise."""
-    return {**params, "stop_first": None, "stage_models": None, "activate": None, "rollback_on_failure": False,
-            "gang_stop": None, "resume_auto": not params["resumes"], **changes}
-
-
-def _relaunch(params):
+def _relaunch(params, spec):
     """The launch of the release current points to (the one of before), resuming from the newest
-    checkpoint; a gang's in a rendezvous of its own (rollback_launch)."""
-    again = relaunch_options(params)
+    checkpoint; a gang's in a rendezvous of its own (rollback_launch). spec: the run's spec as this
+    job found it (run.json, before its launch): the run goes back on its own last healthy launch's
+    settings, not this job's, which may be what failed; the result says which (settings)."""
     other = params["rollback_launch"]
-    if other:
-        again["wrapper_script"] = other["wrapper_script"]
-        if params["gang_health"] and other["gang_health_dir"]:
-            again["gang_health"] = dict(params["gang_health"], dir=other["gang_health_dir"])
-    return _launch(again, False, {})
+    if spec is not None:
+        again = run_spec.relaunch_params(spec, other and other["gang_health_dir"])
+        again["lifecycle"]["dir"] = params["lifecycle"]["dir"]
+        settings = run_spec.settings_words(spec, params)
+    else:
+        again = run_spec.relaunch_options(params)
+        settings = "this job's settings (the CT keeps none of an earlier launch)"
+        if other:
+            again["wrapper_script"] = other["wrapper_script"]
+            if params["gang_health"] and other["gang_health_dir"]:
+                again["gang_health"] = dict(params["gang_health"], dir=other["gang_health_dir"])
+    try:
+        return dict(_launch(again, False, {}), settings=settings)
+    except LaunchFailed as err:
+        err.details["settings"] = settings
+        raise
 
 
 def _links(params):
@@ -399,7 +428,7 @@ def _stage(params, done):
 ROLLBACK_LADDER = [{"signal": "SIGTERM", "scope": "tree", "wait": 30}, {"signal": "SIGKILL", "scope": "tree", "wait": 10}]
 
 
-def _rollback(params, failed, before, exclude):
+def _rollback(params, failed, before, exclude, spec):
     """After a failed launch: the failed trainer stopped if it still runs (no checkpoint of it is
     wanted), current and previous set back to what they were, and the release of before relaunched,
     resuming from the newest checkpoint (the stop's). Returns what each step did; a step that fails
@@ -428,10 +457,11 @@ def _rollback(params, failed, before, exclude):
             return dict(done, failed=True, msg=f"restoring current and previous failed: {err}")
         done["restored"] = dict(before, changed=changed)
     try:
-        done["relaunch"] = _relaunch(params)
+        done["relaunch"] = _relaunch(params, spec)
     except LaunchFailed as err:
-        return dict(done, failed=True, msg=err.msg, relaunch=dict(err.details, failed=True, msg=err.msg))
-    done["msg"] = f"rolled back: {done['relaunch']['msg']}"
+        return dict(done, failed=True, msg=f"{err.msg} (on {err.details['settings']})",
+                    relaunch=dict(err.details, failed=True, msg=err.msg))
+    done["msg"] = f"rolled back: {done['relaunch']['msg']}, on {done['relaunch']['settings']}"
     return done
 
 
@@ -448,11 +478,15 @@ def _launch(params, check_mode, done):
     """The launch of params after its stop and staging (done: their results, carried by every
     later result); returns the task's result, or raises LaunchFailed."""
     # only a call that launches pays for importing these (the preflight's without a launch does not)
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import preflight
     from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import releases, rundir
     from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
+    refused = preflight.launch_refusals(params, probe=not check_mode)
+    if refused:
+        raise LaunchFailed(f"{'; '.join(refused)}; nothing was started", refused=refused, **done)
     try:
         written = launch.prepare_run(params, check_mode=check_mode)
     except (rundir.UnsafePath, OSError) as err:

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats, checkpoints
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, releases
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage, releases, writable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import torch_probe
 
 
@@ -28,7 +28,7 @@ def count_gpus(nvidia_smi):
     return len(gpus), None if out.returncode == 0 else out.stderr.strip()
 
 
-def preflight(params):
+def preflight(params, check_mode=False):
     """Every check with its outcome; the failures name the check and what was found."""
     checks = []
 
@@ -55,6 +55,14 @@ def preflight(params):
     entries = os.listdir(data) if os.path.isdir(data) else None
     check("data_dir", bool(entries),
           f"{data}: " + ("missing" if entries is None else f"{len(entries)} entries"))
+    wanted = dict(params.get("writable") or {})
+    wanted.update({f"trainer_model_stage {target}": os.path.dirname(target.rstrip("/"))
+                   for target in ((params.get("model_stage") or {}).get("models") or {})})
+    refused = writable.refusals(wanted, probe=not check_mode)
+    for words in refused:
+        check("writable", False, words)
+    if wanted and not refused:
+        check("writable", True, f"{', '.join(sorted(wanted))}: writable by root in the CT")
     free, where = checkpoints.free_bytes(params["output_dir"])
     minimum = int(float(params.get("min_free_gb") or 0) * 1024 ** 3)
     check("output_dir_free_space", free >= minimum,
@@ -73,6 +81,32 @@ def preflight(params):
             "model_stage_needed": any(p["needed"] for p in staged or ()),
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}
+
+
+def model_refusal(label, model, staged_to=()):
+    """Why the run cannot read model (a model directory: its config.json), or None; a model the
+    launch stages first (a target in staged_to) is there by then."""
+    if os.path.isfile(os.path.join(model, "config.json")) or model.rstrip("/") in staged_to:
+        return None
+    hint = (": the model lives in /dev/shm, which is wiped when the CT restarts; copy it back, or set "
+            "trainer_model_stage to its persistent copy" if model.startswith("/dev/shm") else "")
+    return f"{label} {model}: " + ("no config.json" if os.path.isdir(model) else "missing") + hint
+
+
+def launch_refusals(params, probe=True):
+    """The preflight's rules that every launch applies, the job's and the CT's own (the Proxmox
+    hook's relaunch, the supervisor's): the models there or staged by this launch, and the run able
+    to write its checkpoints, its log, its run and lifecycle directories and where it stages a
+    model. Each refusal is one line naming the launch option (the GPUs being free is the launch's
+    wait for them)."""
+    stage = params.get("stage_models") or {}
+    staged_to = {target.rstrip("/") for target in stage.get("models") or {}}
+    found = [model_refusal("model_dirs", model, staged_to) for model in params.get("model_dirs") or []]
+    paths = {"checkpoint_dir": params.get("checkpoint_dir"), "log_file": os.path.dirname(params["log_file"]),
+             "run_dir": params.get("run_dir") or os.path.dirname(params["pidfile"]),
+             "lifecycle.dir": (params.get("lifecycle") or {}).get("dir")}
+    paths.update({f"stage_models {target}": os.path.dirname(target.rstrip("/")) for target in staged_to})
+    return [words for words in found if words] + writable.refusals(paths, probe)
 
 
 def missing_tools(tools, check_mode):

@@ -212,24 +212,6 @@ def gang_meets(gang, wait):
         time.sleep(GANG_POLL_SECONDS)
 
 
-def relaunch_params(spec, health_dir=None):
-    """The launch options that bring the run back with no job (this hook's, the supervisor's): its
-    own, the model staged again, resuming from the newest checkpoint (launch_call.relaunch_options);
-    a gang's health words in health_dir, the relaunch's own place."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
-
-    params = launch_call.relaunch_options(
-        spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
-        lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
-                   "lock_path": spec.get("lock_path"),
-                   # the run's next generation: the supervisor's rounds go on in a place of its own
-                   "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"),
-                   "round": (spec.get("round") or 0) + 1})
-    if health_dir and params.get("gang_health"):
-        params["gang_health"] = dict(params["gang_health"], dir=health_dir)
-    return params
-
-
 def resume(directory, phase="post-start"):
     """In the detached process post-start left: bring the run back, one relaunch a CT at a time. A
     gang's CT is asked by its own node and by every other member's: the second relaunch waits for
@@ -275,7 +257,7 @@ def _resume(directory, phase):
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
-    params = relaunch_params(spec, os.path.join(gang["dir"], gang_round) if gang else None)
+    params = run_spec.relaunch_params(spec, os.path.join(gang["dir"], gang_round) if gang else None)
     params["lifecycle"]["dir"] = directory
     lease = (ct_lock, POST_START_HOLDER, LEASE_SECONDS)
     try:

@@ -815,7 +815,7 @@ def relaunch(sup, since):
     """The run launched again (launch_call: the redeploy's launch, resuming from the newest
     checkpoint), by this process, so the new trainer is its child; then a fresh supervisor (an
     exec). Returns the facts of a relaunch that failed, or None once it stood down."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, pve_hook
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
     lease = _lock(sup)
@@ -829,7 +829,7 @@ def relaunch(sup, since):
             return None
         sup.save(state=f"relaunching (round {sup.round + 1})")
         health = os.path.join(sup._round_dir(sup.round + 1), "health") if len(sup.members) > 1 else None
-        params = pve_hook.relaunch_params(sup.spec, health)
+        params = run_spec.relaunch_params(sup.spec, health)
         params["lifecycle"].update(dir=sup.directory, rounds_dir=sup.rounds_dir, round=sup.round + 1)
         keeper = detached.start_keeper(lease, proctable.read_process(os.getpid()))
         try:

@@ -235,6 +235,17 @@ options:
         type: str
         choices: [repair, fail]
         default: repair
+  writable:
+    description:
+      - Directories the run writes (its checkpoints, its log's, its run and lifecycle directories, where a model
+        is staged), by the name the failure gives each (the variable that sets it). Each must be writable by root
+        in the CT, as the trainer runs; a file is created there and removed (in check mode, C(access(2)) is
+        asked). A missing one counts as the nearest directory above it that exists.
+      - A failure is one line naming the directory, its owner as the CT sees it and the fix - in an unprivileged
+        CT a mount point from the node that the node's root owns shows as C(nobody), and the fix is a C(chown) on
+        the node to the CT's root as the node sees it, or an id map.
+    type: dict
+    default: {}
   tools:
     description:
       - Binaries the job pushes into the CT when it lacks them (py-spy, for a hang's stacks), each by its
@@ -473,6 +484,7 @@ def main():
                 "on_drift": {"type": "str", "choices": ["repair", "fail"], "default": "repair"},
             }},
             "launch": {"type": "dict"},
+            "writable": {"type": "dict", "default": {}},
             "tools": {"type": "list", "elements": "dict", "default": [], "options": {
                 "path": {"type": "path", "required": True},
                 "sha256": {"type": "str", "required": True},
@@ -516,7 +528,7 @@ def check(module):
         except launch_call.InvalidLaunch as err:
             module.fail_json(msg=f"{err}; nothing was checked, stopped or started")
         module.no_log_values.update(secrets)
-    result = preflight.preflight(module.params)
+    result = preflight.preflight(module.params, module.check_mode)
     result["unattended_change"] = _unattended_change(module)
     result["tools_missing"] = preflight.missing_tools(module.params["tools"], module.check_mode)
     result["supervisor_restarts"] = supervisor.restarts_since(

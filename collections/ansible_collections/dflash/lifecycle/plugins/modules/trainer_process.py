@@ -171,8 +171,23 @@ options:
     description:
       - Roll a failed launch back in the same detached worker, whatever happens to the controller
         (the description above); C(redeploy.yml) sets it for a CT that runs alone.
+      - The relaunch is the run as it was - the release of before and the settings of the run's last healthy
+        launch, which the CT keeps (C(run.json)), read before this launch - never this call's options, which
+        may be what failed; the result's C(rollback.relaunch.settings) names them and the options this call
+        changed.
     type: bool
     default: false
+  settings_from:
+    description:
+      - Whose settings this launch runs on. V(job) - the options given. V(last_launch) - those of the run's
+        last healthy launch that the CT keeps (C(run.json)), as a relaunch of it (its wrapper, its command,
+        its environment; this call's lifecycle and gang health places), resuming from the newest checkpoint.
+        V(launch_before_last) - those of the launch before that one (after a healthy launch the job rejects,
+        the canary or a gang failing elsewhere). C(redeploy.yml)'s rescue from the controller uses them.
+      - Where the CT keeps no such launch, the options given; the result's C(settings) says which it was.
+    type: str
+    choices: [job, last_launch, launch_before_last]
+    default: job
   rollback_launch:
     description:
       - What the relaunch of O(rollback_on_failure) changes - a gang's CTs meet in a rendezvous of
@@ -345,6 +360,18 @@ options:
     description: Log of the run.
     type: path
     required: true
+  model_dirs:
+    description:
+      - Model directories the run reads, each with its C(config.json). Every launch refuses to start
+        without them (unless O(stage_models) stages one first), the CT's own relaunches (the Proxmox hook's,
+        the supervisor's) included, as the preflight does.
+      - Every launch also refuses to start when root in the CT cannot write O(checkpoint_dir), the directory
+        of O(log_file), O(run_dir), O(lifecycle.dir) or where O(stage_models) stages a model; the refusal
+        names the directory, its owner as the CT sees it and the fix (an unprivileged CT's mount point from
+        the node shows as C(nobody)).
+    type: list
+    elements: path
+    default: []
   log_keep:
     description: Old logs kept (C(log.1) ... C(log.N)).
     type: int

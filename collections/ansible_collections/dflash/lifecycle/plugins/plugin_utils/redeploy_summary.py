@@ -189,14 +189,16 @@ def _stop_words(stop, data):
 
 
 def _launch_words(launch, failed_launch, data):
-    if failed_launch is not None and data["rolled_back_to"] and data["pid"]:
+    if failed_launch is not None and data["pid"] and not data["relaunched_after_stop"]:
         why = "launch failed" if _failed(failed_launch) else (
             "throughput regression" if (data["canary"] or {}).get("action") == "rollback"
             else "the gang's launch failed")
         health = (f"its {data['ranks']} ranks healthy after {data['healthy_seconds']}s"
                   if launch.get("logs_progress") is False
                   else f"first progress after {data['startup_seconds']}s, {data['tokens_per_s']} tok/s")
-        return f"{why}, rolled back to {data['rolled_back_to']}: PID {data['pid']} running again, {health}"
+        back = f"rolled back to {data['rolled_back_to']}" if data["rolled_back_to"] else "the run of before relaunched"
+        settings = f" (on {launch['settings']})" if launch.get("settings") else ""
+        return f"{why}, {back}: PID {data['pid']} running again{settings}, {health}"
     if data["relaunched_after_stop"]:
         return (f"the gang's stop phase failed: the release of before runs again, PID {data['pid']}, "
                 f"resumed from {data['resumed_from']}")

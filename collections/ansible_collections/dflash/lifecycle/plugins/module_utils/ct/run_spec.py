@@ -35,9 +35,12 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import 
 DEFAULT_DIR = "/var/lib/dflash/lifecycle"
 VERSION = 1
 # the launch's options that belong to the one launch that had them, not to the run
-ONE_LAUNCH_ONLY = ("stop_first", "activate", "gang_stop", "lifecycle", "rollback_launch", "progress_file")
+ONE_LAUNCH_ONLY = ("stop_first", "activate", "gang_stop", "lifecycle", "rollback_launch", "progress_file",
+                   "settings_from")
 # the stop's options that belong to one job's stop: a gang's moment, the controller's detaching
 ONE_STOP_ONLY = ("signal_at",)
+# what a spec keeps of the launch before its own (before): what a relaunch of that run needs
+RUN_KEYS = ("launch", "stop", "stage_models", "lock_path", "release", "launched_at", "gang_base", "rounds_dir", "round")
 
 
 def spec_path(directory):
@@ -97,11 +100,53 @@ def record_launch(lifecycle, params, pid):
         "gang_base": lifecycle.get("gang_base") or (params.get("gang_health") or {}).get("dir"),
         "rounds_dir": lifecycle.get("rounds_dir") or _new_rounds(directory, params),
         "round": lifecycle.get("round") or 0,
+        # the run as it was before this launch: a rollback after a rejected healthy launch goes back to it
+        "before": {key: before[key] for key in RUN_KEYS if key in before} if before.get("launch") else None,
     }
     _write(directory, spec)
     write_atomic(os.path.join(directory, "hook"),
                  f"#!/bin/sh\n# written by dflash.lifecycle's launch: the CT's side of its Proxmox hookscript\n"
                  f"exec {sys.executable} {os.path.join(directory, 'agent.zip')} \"$@\"\n", 0o700)
+
+
+def relaunch_options(params, **changes):
+    """The options that launch the release current points to again, resuming from the newest
+    checkpoint (a run launched fresh resumes too: a stop kept one): nothing stopped, staged,
+    activated or rolled back, unless changes say otherwise."""
+    return {**params, "stop_first": None, "stage_models": None, "activate": None, "rollback_on_failure": False,
+            "gang_stop": None, "resume_auto": not params["resumes"], **changes}
+
+
+def relaunch_params(spec, health_dir=None):
+    """The launch options that bring the run of spec back as it was, with no job (the Proxmox hook's,
+    the supervisor's) or after a job's failed launch (its rollback): the last healthy launch's own,
+    the model staged again, resuming from the newest checkpoint; a gang's health words in
+    health_dir, the relaunch's own place. The caller sets lifecycle["dir"]."""
+    params = relaunch_options(
+        spec["launch"], stage_models=spec.get("stage_models"), rollback_launch=None, progress_file=None, refuse_busy=True,
+        lifecycle={"dir": None, "stop": spec["stop"], "stage_models": spec.get("stage_models"),
+                   "lock_path": spec.get("lock_path"),
+                   # the run's next generation: the supervisor's rounds go on in a place of its own
+                   "gang_base": spec.get("gang_base"), "rounds_dir": spec.get("rounds_dir"),
+                   "round": (spec.get("round") or 0) + 1})
+    if health_dir and params.get("gang_health"):
+        params["gang_health"] = dict(params["gang_health"], dir=health_dir)
+    return params
+
+
+def settings_words(spec, params=None):
+    """Which settings a relaunch of spec goes back to: its launch's moment and release, and the
+    options of params (a failed job's) that differ from them, named, never shown (secrets)."""
+    words = (f"the settings of its healthy launch at {change_record.stamp(spec.get('launched_at') or 0)} "
+             f"(release {spec.get('release') or '(current)'})")
+    if params is not None:
+        own = spec["launch"]
+        # the job's own: its lock, what it activates, what it decides at the moment of the launch
+        differ = sorted(key for key in set(own) | set(params)
+                        if key not in ONE_LAUNCH_ONLY + ("release", "resume_auto", "refuse_busy")
+                        and not key.startswith("lock_") and own.get(key) != params.get(key))
+        words += f"; this job's differed in {', '.join(differ)}" if differ else "; this job's were the same"
+    return words
 
 
 def stand_down_path(directory):

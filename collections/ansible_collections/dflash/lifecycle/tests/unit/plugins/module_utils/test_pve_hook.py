@@ -98,7 +98,7 @@ def test_a_stop_asked_for_marks_the_run_stopped_and_a_ct_without_a_spec_is_left_
 
 def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_before(tmp_path):
     spec = run_spec.read(launched(tmp_path))
-    params = pve_hook.relaunch_params(spec)
+    params = run_spec.relaunch_params(spec)
     assert params["stop_first"] is None and params["activate"] is None and params["rollback_on_failure"] is False
     assert params["resume_auto"] is True  # a run launched fresh resumes from the checkpoint the stop kept
     assert params["command"] == LAUNCH["command"] and params["secrets_env"] == LAUNCH["secrets_env"]
@@ -110,7 +110,7 @@ def test_relaunch_options_resume_the_run_as_it_was_with_nothing_of_the_launch_be
     assert params["lifecycle"]["rounds_dir"] == spec["rounds_dir"] and params["lifecycle"]["round"] == spec["round"] + 1
     gang = dict(spec, launch=dict(spec["launch"], gang_health={"dir": "/ckpt/.dflash-gang/g-1", "me": "a",
                                                                "members": ["a", "b"]}))
-    assert pve_hook.relaunch_params(gang, "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000")["gang_health"]["dir"] == \
+    assert run_spec.relaunch_params(gang, "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000")["gang_health"]["dir"] == \
         "/ckpt/.dflash-gang/g-1/ct-restarts/1796490000"
 
 
@@ -194,3 +194,41 @@ def test_a_second_relaunch_in_one_ct_waits_for_the_first(tmp_path, monkeypatch):
     os.close(guard)  # the first one's end
     second.join(5)
     assert len(order) == 1 and order[0][1] >= released
+
+
+def test_a_rollback_names_the_settings_it_goes_back_to_and_those_the_job_changed(tmp_path):
+    spec = run_spec.read(launched(tmp_path))
+    words = run_spec.settings_words(spec)
+    assert words.startswith("the settings of its healthy launch at ") and words.endswith(f"(release {spec['release']})")
+    failed = dict(spec["launch"], checkpoint_dir="/mnt/elsewhere", secrets_env="HF_TOKEN=other\n", stop_first={"x": 1},
+                  lock_holder="the job")
+    assert run_spec.settings_words(spec, failed).endswith("; this job's differed in checkpoint_dir, secrets_env")
+    assert run_spec.settings_words(spec, dict(spec["launch"])).endswith("; this job's were the same")
+
+
+def test_a_launch_keeps_the_run_before_it_and_a_rescue_relaunches_either_on_its_own_settings(tmp_path):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call  # pylint: disable=import-outside-toplevel
+
+    directory = str(tmp_path / "lifecycle")
+    lifecycle = {"dir": directory, "stop": STOP, "stage_models": None, "lock_path": "/run/dflash/redeploy.lock"}
+    options = {key: value for key, value in LAUNCH.items() if key != "release"}  # the launch sets it, not its caller
+    good = dict(launch_call.checked(dict(options, lifecycle=lifecycle), "t")[0], release="r2")
+    run_spec.record_launch(lifecycle, good, 4242)
+    assert run_spec.read(directory)["before"] is None  # the first launch: no run before it
+    rejected = dict(good, wrapper_script="export BROKEN=1\n", release="r3")
+    run_spec.record_launch(lifecycle, rejected, 4343)
+    spec = run_spec.read(directory)
+    assert spec["launch"]["wrapper_script"] == "export BROKEN=1\n" and spec["before"]["release"] == "r2"
+    assert "before" not in spec["before"]  # one run back, never a chain
+    job = dict(rejected, settings_from="launch_before_last")
+    del job["release"]
+    params, said = launch_call.run_before(job)
+    assert params.get("wrapper_script") is None and params["release"] == "r2"
+    assert params["lifecycle"]["dir"] == directory and params["stop_first"] is None
+    assert said["settings"].endswith("(release r2); this job's differed in wrapper_script"), said
+    params, said = launch_call.run_before(dict(job, settings_from="last_launch"))
+    assert params["wrapper_script"] == "export BROKEN=1\n" and said["settings"].endswith("this job's were the same")
+    assert launch_call.run_before(dict(job, settings_from="job")) == (dict(job, settings_from="job"), {})
+    nothing = dict(job, lifecycle=dict(lifecycle, dir=str(tmp_path / "none")))
+    assert launch_call.run_before(nothing) == (nothing, {"settings": "this job's settings (the CT keeps no earlier "
+                                                                     "launch of the run)"})

@@ -126,9 +126,11 @@ def test_a_launch_that_failed_in_the_preflights_call_is_the_launchs_failure_not_
     preflight = dict(PREFLIGHT, release_status=dict(STATUS, present=True), failed=True, msg=failed["msg"],
                      launch=failed)
     data, lines = summarize(manifest=MANIFEST, preflight=preflight, stop=STOP, failed_launch=failed,
-                            launch=dict(LAUNCH, pid=51))
+                            launch=dict(LAUNCH, pid=51, settings="the settings of its healthy launch at X"))
+    # no release to go back to: the run of before relaunched, on the settings it ran with
     assert lines[0].startswith("ct200: release new1 (installed already), stopped by SIGINT in 2.5s, checkpoint "
-                               "/ck/step_9 (0 steps lost), PID 51"), lines
+                               "/ck/step_9 (0 steps lost), launch failed, the run of before relaunched: PID 51 "
+                               "running again (on the settings of its healthy launch at X), first progress"), lines
     assert data["errors"] == ["launch failed: the trainer (PID 50) exited with status 1"]
     assert lines[1] == "launch failed: the trainer (PID 50) exited with status 1"
     # a check that failed is the preflight's own (the call launched nothing)
