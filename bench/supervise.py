@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The run's supervisor (module_utils/supervisor.py) on CT 201 of the testbed, the example trainer
+"""The run's supervisor (module_utils/agent/supervise.py) on CT 201 of the testbed, the example trainer
 as people run theirs - the real torch of `make venv-torch`, each batch from a torch DataLoader with
 two worker processes - launched by redeploy.yml with the supervisor's default policy but for a
 short back-off and hang floor (SETTINGS):

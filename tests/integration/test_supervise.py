@@ -1,4 +1,4 @@
-"""The run's supervisor in the CT (module_utils/supervisor.py), on the testbed's ct200 with the
+"""The run's supervisor in the CT (module_utils/agent/supervise.py), on the testbed's ct200 with the
 example trainer and its stop request helper (the heartbeat): a trainer killed with SIGKILL and one
 that raises run again from their newest checkpoint after the back-off; one stopped with SIGSTOP and
 one asleep in its loop are declared hung within a few of their own intervals, with diagnostics kept,

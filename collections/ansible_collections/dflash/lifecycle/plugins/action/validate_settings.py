@@ -9,7 +9,7 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils import gang, role_variables, run_settings
 
 ARGUMENT_SPEC = {
@@ -45,13 +45,13 @@ class ActionModule(ActionBase):
             checked = ArgumentSpecValidator(spec).validate(provided)
             errors += [" ".join(str(m).split()) for m in checked.error_messages]
         if "trainer_launch" in params["roles"] and not errors:
-            # the supervisor's numbers, by the rules its launch option has (module_utils/supervisor.py)
-            given = {key: self._value(task_vars, f"trainer_launch_supervise_{key}") for key in supervisor.RULES
+            # the supervisor's numbers, by the rules its launch option has (module_utils/agent/policy.py)
+            given = {key: self._value(task_vars, f"trainer_launch_supervise_{key}") for key in policy.RULES
                      if f"trainer_launch_supervise_{key}" in task_vars}
             if "trainer_launch_supervise_webhook" in task_vars:
                 given["webhook"] = self._value(task_vars, "trainer_launch_supervise_webhook")
-            errors += supervisor.policy_problems({key: _number(value) for key, value in given.items()},
-                                                 lambda key: f"trainer_launch_supervise_{key}")
+            errors += policy.policy_problems({key: _number(value) for key, value in given.items()},
+                                             lambda key: f"trainer_launch_supervise_{key}")
         if params["settings"]:
             names = [n for n in defined if n.startswith("dflash_")]
             errors += run_settings.unknown(names)

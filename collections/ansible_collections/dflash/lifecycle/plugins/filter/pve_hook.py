@@ -1,13 +1,13 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The filter of the Proxmox hook's install (module_utils/pve_hook.py and
+"""The filter of the Proxmox hook's install (module_utils/agent/hook.py and
 module_utils/node/installed_hookscript.py hold the rules)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
 
 
@@ -20,7 +20,7 @@ def pve_hook_policy(name, vmid, stop, lifecycle_dir, post_start_s, gang_margin_s
         raise AnsibleFilterError("pve_hook_policy: gang_names and gang_vmids differ in length")
     try:
         return {"name": name, "lifecycle_dir": lifecycle_dir,
-                "pre_stop_s": float(pre_stop_s) or round(pve_hook.pre_stop_bound(stop or {}, gang_margin_s), 1),
+                "pre_stop_s": float(pre_stop_s) or round(hook.pre_stop_bound(stop or {}, gang_margin_s), 1),
                 "post_start_s": float(post_start_s), "gang_margin_s": float(gang_margin_s),
                 "gang": [{"name": member, "vmid": int(member_vmid)} for member, member_vmid in zip(gang_names, gang_vmids)]}
     except (InvalidParameter, TypeError, ValueError) as err:

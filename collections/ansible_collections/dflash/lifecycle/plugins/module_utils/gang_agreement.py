@@ -3,12 +3,12 @@
 """A gang's CTs judge their stop together, with no controller in the loop (Python 3.8 compatible).
 
 In a redeploy each CT's detached worker runs its member's stop and launch as one transaction
-(module_utils/launch_call.py). Between the two, the gang must agree: every member stopped, and
+(module_utils/agent/transaction.py). Between the two, the gang must agree: every member stopped, and
 the gang's one checkpoint - the newest a member's stop saw written - complete as every member
 sees it once all have stopped (where rank 0 saves alone, the other CTs' ranks leave at once and
 their own stop ends before that save is complete). The members tell each other through small
 files in the checkpoint directory they share, ``<dir>/.dflash-gang/<rendezvous id>/stop/``, as
-the launch's health does (launch.GangPeers), in two rounds: each member's stop, then what each
+the launch's health does (launch/gang_health.py's GangPeers), in two rounds: each member's stop, then what each
 sees of the directory once every member has stopped. Every member reads the same files and
 applies the same rules - those of the controller's barrier after a stop (checkpoint_problems,
 gang_checkpoint, relaunchable; plugin_utils/gang.py uses them) - so every member decides alike:

@@ -421,7 +421,8 @@ release_status:
 import os
 import re
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, preflight, supervisor
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased, preflight
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, policy
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, model_stage, proctable, progress, releases
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
@@ -524,14 +525,14 @@ def check(module):
     launch = None
     if module.params["launch"] is not None:
         try:
-            launch, secrets = launch_call.checked(module.params["launch"], "launch")
-        except launch_call.InvalidLaunch as err:
+            launch, secrets = launch_options.checked(module.params["launch"], "launch")
+        except launch_options.InvalidLaunch as err:
             module.fail_json(msg=f"{err}; nothing was checked, stopped or started")
         module.no_log_values.update(secrets)
     result = preflight.preflight(module.params, module.check_mode)
     result["unattended_change"] = _unattended_change(module)
     result["tools_missing"] = preflight.missing_tools(module.params["tools"], module.check_mode)
-    result["supervisor_restarts"] = supervisor.restarts_since(
+    result["supervisor_restarts"] = policy.restarts_since(
         module.params["lifecycle_dir"], mark=not module.check_mode) if module.params["lifecycle_dir"] else None
     if module.params["gang_marks"] and result["checkpoint"] is not None:
         result["checkpoint"]["gang_marks"] = preflight.gang_marks(module.params["output_dir"],
@@ -586,14 +587,17 @@ def check(module):
             for c in failed), **result)
     if launch is None:
         module.exit_json(changed=False, **result)
-    result["launch_deferred"] = launch_call.deferred(module.check_mode, module.params["release"], result, launch)
+    result["launch_deferred"] = launch_options.deferred(module.check_mode, module.params["release"], result, launch)
     if result["launch_deferred"]:
         module.params["lock_unlock"] = False  # the job's next steps run under it
         module.exit_json(changed=False, launch=None, **result)
     module.enter_phase("launch")
+    # only a call that launches compiles the launch and the agent it keeps in the CT
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import main as agent
+
     try:
-        result["launch"] = launch_call.run(launch, False, module.warn, module.worker_lease(), module.params["lock_unlock"])
-    except launch_call.LaunchFailed as err:
+        result["launch"] = agent.launch(launch, False, module.warn, module.worker_lease(), module.params["lock_unlock"])
+    except launch_options.LaunchFailed as err:
         result["launch"] = dict(err.details, failed=True, msg=err.msg)
         module.fail_json(msg=err.msg, **result)
     module.exit_json(changed=True, **result)

@@ -700,18 +700,19 @@ log_tail:
   elements: str
 """
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call, leased, supervisor
+from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, main as agent, policy
 
 
 def main():
-    module = leased.LeasedModule(phase="launch", argument_spec=launch_call.ARGUMENT_SPEC, supports_check_mode=True)
-    problems = supervisor.policy_problems(module.params["supervise"] or {})
+    module = leased.LeasedModule(phase="launch", argument_spec=launch_options.ARGUMENT_SPEC, supports_check_mode=True)
+    problems = policy.policy_problems(module.params["supervise"] or {})
     if problems:
         module.fail_json(msg="; ".join(problems) + "; nothing was stopped or started")
     try:
-        result = launch_call.run(module.params, module.check_mode, module.warn, module.worker_lease(),
-                                 module.params["lock_unlock"])
-    except launch_call.LaunchFailed as err:
+        result = agent.launch(module.params, module.check_mode, module.warn, module.worker_lease(),
+                              module.params["lock_unlock"])
+    except launch_options.LaunchFailed as err:
         module.fail_json(msg=err.msg, **err.details)
     module.exit_json(**result)
 

@@ -3,7 +3,7 @@
 """The CT's own record of the last change a job made to its run (Python 3.8 compatible).
 
 From the stop's first signal on, the CT's detached worker owns a redeploy (module_utils/
-launch_call.py): whatever happens to the controller, the worker finishes it - the new run
+agent/transaction.py): whatever happens to the controller, the worker finishes it - the new run
 healthy, or the release of before back from its checkpoint. The controller may then never hear
 how it ended, so the worker keeps it here, on the CT's disk (``/var/lib/dflash``: it outlives
 ``/run``, which a CT restart wipes): who started the change and when, the phase it reached, how it

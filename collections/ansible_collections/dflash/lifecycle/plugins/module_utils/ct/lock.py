@@ -203,3 +203,21 @@ def release(path, holder):
         return True
 
     return _guarded(path, action)
+
+
+def wait_for(path, holder, cap, ttl, takeover_holder=None):
+    """Take the lock for holder (a lease of ttl seconds), waiting up to cap seconds for a job that
+    holds it (its worker ends with the CT anyway); takeover_holder: a holder whose lock may be taken
+    once its worker is gone. Returns None once held, else the words of the holder it went on
+    without. The CT's own agents take it so (the Proxmox hook, the run's supervisor)."""
+    deadline = time.monotonic() + cap
+    while True:
+        try:
+            take(path, holder, ttl, takeover_holder=takeover_holder)
+            return None
+        except LockHeld as err:
+            if time.monotonic() >= deadline:
+                return str(err).split(". ", maxsplit=1)[0]
+        except (OSError, ValueError) as err:
+            return f"lock_path: {err}"
+        time.sleep(1)

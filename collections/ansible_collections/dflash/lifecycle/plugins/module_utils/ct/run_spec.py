@@ -4,7 +4,7 @@
 controller (Python 3.8 compatible).
 
 Proxmox stops and starts a CT on its own (a node reboot, ``pct shutdown``/``reboot``, a restart
-migration, HA); its hookscript then runs the CT's own hook (module_utils/pve_hook.py). That hook
+migration, HA); its hookscript then runs the CT's own hook (module_utils/agent/hook.py). That hook
 needs the run's settings when no controller is there, after ``/run`` was wiped by the restart, so
 every launch keeps them in the lifecycle directory (``/var/lib/dflash/lifecycle``, on the CT's
 disk):
@@ -13,12 +13,12 @@ disk):
   started the run, the stop's options, the models to stage, and what is wanted of the run -
   ``running`` since a launch, ``stopped`` since a stop that a person or a job asked for (a failed
   redeploy left down included);
-- ``agent.zip``: the code of this collection that the launch ran (module_utils/pve_hook.py
+- ``agent.zip``: the code of this collection that the launch ran (module_utils/agent/payload.py
   writes it), so the hook runs what launched the run, never an older copy;
 - ``hook``: the one command the node's hookscript runs in the CT,
   ``pct exec <vmid> -- <dir>/hook <phase>``; it names the CT's Python interpreter;
 - ``stand-down.json``: written by every stop a person or a job asks for before its first signal,
-  so that the run's supervisor (module_utils/supervisor.py) never takes that stop for a crash.
+  so that the run's supervisor (module_utils/agent/supervise.py) never takes that stop for a crash.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ ONE_LAUNCH_ONLY = ("stop_first", "activate", "gang_stop", "lifecycle", "rollback
 ONE_STOP_ONLY = ("signal_at",)
 # what a spec keeps of the launch before its own (before): what a relaunch of that run needs
 RUN_KEYS = ("launch", "stop", "stage_models", "lock_path", "release", "launched_at", "gang_base", "rounds_dir", "round")
+
+
+def lock_path(spec):
+    """The CT's redeploy lock the run's spec names."""
+    return spec.get("lock_path") or os.path.join(os.path.dirname(spec["launch"]["pidfile"]), "redeploy.lock")
 
 
 def spec_path(directory):
@@ -66,7 +71,7 @@ def _write(directory, spec):
 
 
 def _new_rounds(directory, params):
-    """The supervisor's rounds of a run a job launched (module_utils/supervisor.py): a gang's in
+    """The supervisor's rounds of a run a job launched (module_utils/agent/supervise.py): a gang's in
     the checkpoint directory its members share, under the job's own place; a CT alone's in its
     lifecycle directory, the last run's rounds gone."""
     health = params.get("gang_health")
@@ -79,7 +84,7 @@ def _new_rounds(directory, params):
 
 def record_launch(lifecycle, params, pid):
     """After a healthy launch of params (trainer_process's), PID pid: keep the run's spec and the hook
-    command in lifecycle["dir"] (the agent beside them: pve_hook.write_agent). Raises OSError only."""
+    command in lifecycle["dir"] (the agent beside them: agent/payload.py's write_agent). Raises OSError only."""
     directory = lifecycle["dir"]
     before = read(directory) or {}
     spec = {

@@ -23,7 +23,7 @@ environment) has the progress lines; it is healthy by them as above, and a progr
 a step every rank of every CT took part in. Another CT's ranks running prove nothing by
 themselves - under a static rendezvous each agent starts its ranks at once, and they wait in
 init_process_group for the others - so it is healthy once its ranks still run health_seconds
-later and the CT whose ranks log has said its run is healthy (GangPeers), within health_timeout and
+later and the CT whose ranks log has said its run is healthy (module_utils/launch/gang_health.py), within health_timeout and
 throughput_timeout (that CT's own bounds).
 """
 
@@ -37,7 +37,7 @@ import uuid
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import gang_health, launchers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import (
     ProgressFile, check_secure_dir, secure_dir, write_atomic)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.proctable import RUN_ID_ENV
@@ -185,75 +185,11 @@ def reader_of(params):
                               params["profile_line_regex"], params["profile_stage_regex"])
 
 
-def gang_states(spec):
-    """{member: the first line of its file ('' when it wrote none)} of the gang's health directory."""
-    states = {}
-    for member in spec["members"]:
-        try:
-            with open(os.path.join(spec["dir"], member), encoding="utf-8") as handle:
-                states[member] = handle.readline().strip()
-        except OSError:
-            states[member] = ""
-    return states
-
-
-def _failed_peer(states, me):
-    """(member, why) of the first CT other than me whose launch failed, or None."""
-    return next(((member, state[len("failed: "):]) for member, state in states.items()
-                 if member != me and state.startswith("failed: ")), None)
-
-
-class GangPeers:
-    """The CTs of a gang tell each other how their launch goes, through one small file each in
-    the checkpoint directory they share (gang_health: dir, me, members): a CT whose agent exited
-    or printed a traceback writes why; the others, waiting for a rendezvous that will never
-    complete, stop waiting within PEER_POLL_SECONDS instead of the whole health timeout."""
-
-    PEER_POLL_SECONDS = 0.5
-
-    def __init__(self, spec):
-        self.spec, self.dir, self.me = spec, spec["dir"], spec["me"]
-        self.read_at = 0.0
-        os.makedirs(self.dir, mode=0o755, exist_ok=True)
-        self.tell("starting")
-
-    def tell(self, state):
-        write_atomic(os.path.join(self.dir, self.me), f"{state}\n", mode=0o644)
-
-    def met(self):
-        """Whether another CT said its run is healthy: the first to say it is the CT whose ranks log
-        (the others say it only after it), so the gang's ranks have taken a step together."""
-        return any(state == "healthy" for member, state in gang_states(self.spec).items() if member != self.me)
-
-    def failed(self):
-        """(member, why) of another CT whose launch failed, or None (read every PEER_POLL_SECONDS)."""
-        now = time.monotonic()
-        if now - self.read_at < self.PEER_POLL_SECONDS:
-            return None
-        self.read_at = now
-        return _failed_peer(gang_states(self.spec), self.me)
-
-
-def gang_outcome(spec, timeout):
-    """After this CT's own healthy launch: (member, why) of the first other CT of the gang whose
-    launch failed, once every CT said healthy or failed; None when none failed, or when one says
-    nothing within timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = gang_states(spec)
-        failed = _failed_peer(states, spec["me"])
-        if failed:
-            return failed
-        if all(state == "healthy" for state in states.values()) or time.monotonic() >= deadline:
-            return None
-        time.sleep(GangPeers.PEER_POLL_SECONDS)
-
-
 def wait_healthy(proc, params):
     reader = reader_of(params)
     report = ProgressFile(params.get("progress_file"))
     started = time.monotonic()
-    peers = GangPeers(params["gang_health"]) if params.get("gang_health") else None
+    peers = gang_health.GangPeers(params["gang_health"]) if params.get("gang_health") else None
     try:
         facts = _healthy(proc, params, reader, report, started, peers)
     except LaunchError as err:
@@ -341,7 +277,7 @@ def _wait_all_ranks(proc, params, report, peers=None):
 def _stay_alive(proc, params, ranks, report, started, peers=None):
     """A CT of a gang without global rank 0 (no progress lines): healthy when its agent and every
     rank still run health_seconds after they all started, and the gang's ranks have met (the CT
-    whose ranks log said healthy: GangPeers.met) within health_timeout and throughput_timeout."""
+    whose ranks log said healthy: gang_health.GangPeers.met) within health_timeout and throughput_timeout."""
     began = time.monotonic()
     pids = [r["pid"] for r in ranks["ranks_env"]]
     # the CT whose ranks log says healthy after its first progress line and its throughput's

@@ -25,7 +25,7 @@ controller that asked for it:
   a caller that died first - its controller gone, its answer's pipe broken - would leave the CT
   locked for the rest of the lease;
 - once its result is delivered and its keeper ended, after(result) runs in it: a launch's worker
-  becomes the run's supervisor there (module_utils/supervisor.py), the parent of the trainer it
+  becomes the run's supervisor there (module_utils/agent/supervise.py), the parent of the trainer it
   started.
 """
 

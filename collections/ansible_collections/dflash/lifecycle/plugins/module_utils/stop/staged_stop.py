@@ -20,7 +20,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import (
-    detached, ladder, leftovers, next_checkpoint, stop_request, target_set, trainer_finding)
+    detached, ladder, leftovers, next_checkpoint, stop_request, stop_words, target_set, trainer_finding)
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import StopOptions
 
 
@@ -141,7 +141,7 @@ def run_in_module(options, check_mode=False, lease=None):
         notes = []
         if asked:
             # before the first signal: the run's supervisor takes the trainer's end for this stop's
-            # (module_utils/supervisor.py), never for a crash to restart
+            # (module_utils/agent/supervise.py), never for a crash to restart
             try:
                 run_spec.stand_down(options.lifecycle_dir, lease[1] if lease else "a job")
             except OSError as err:
@@ -155,7 +155,7 @@ def run_in_module(options, check_mode=False, lease=None):
         if asked and result.get("failed") and trainer_finding.running(options.pidfile, options.pattern) is not None:
             run_spec.stand_down_cleared(options.lifecycle_dir)  # it still runs: the supervisor watches it again
         if asked and not result.get("failed"):
-            # a stop asked for: the run stays down across the CT's restarts (module_utils/pve_hook.py)
+            # a stop asked for: the run stays down across the CT's restarts (module_utils/agent/hook.py)
             try:
                 run_spec.mark(options.lifecycle_dir, "stopped", f"the stop of {lease[1] if lease else 'a job'}")
             except OSError as err:
@@ -267,7 +267,7 @@ def _check_report(options, result, directory, before, main):
     if request.get("taken") is False:
         result["msg"] += f"; no stop request: {request['why']}"
     if result["other_gpu_holders"]:
-        result["msg"] += f"; would leave {_others(result)}"
+        result["msg"] += f"; would leave {stop_words.others(result)}"
     if not result["graceful_possible"]:
         result["msg"] += (f"; no graceful checkpoint: {result['graceful_reason']}; "
                           f"{checkpoint_verdict.describe_loss(result['loss_at_start'])}; "
@@ -307,7 +307,7 @@ def _verify(options, directory, before, targets, result, main, started):
     answered = not survivors and ckpt.get("written") and result.get("signalled_at") is not None
     result["loss"] = directory.loss(answered_at=result["signalled_at"] if answered else None)
     _unexpected_save(options, result)
-    result["msg"] = _summary(result, main.pid, started)
+    result["msg"] = stop_words.summary(result, main.pid, started)
     alive = {ident[0] for ident in survivors}
     for rank in (result.get("launcher") or {}).get("ranks", []):
         if rank["ended_by"] is None:
@@ -388,92 +388,3 @@ def _no_checkpoint(result, expected):
             else result["graceful_reason"]
         text += f" ({why}, so a checkpoint was expected; on_missing_checkpoint=proceed accepts the loss.)"
     return text + " " + result["msg"]
-
-
-def _request_words(result):
-    """The request's id, its acknowledgement's step, and its time to the exit."""
-    request = result["request"]
-    ack = request.get("acknowledged")
-    words = f"request {request['body']['id']}"
-    words += (f", acknowledged at step {ack['step']}" if ack else ", exited without an acknowledgement")
-    if request.get("saved"):
-        words += f", saved {request['saved']['checkpoint']}"
-    return words + f", exited {request['exit_after_s']}s after the request"
-
-
-def _others(result):
-    return "other GPU holders untouched: " + "; ".join(
-        f"PID {o['pid']} ({o['cmdline'][:60]}) on {', '.join(o['devices'])}, {o['why']}"
-        for o in result["other_gpu_holders"])
-
-
-def _checkpoint_words(ckpt):
-    """The checkpoint part of the stop's message: the same verdict as written, new and doubts."""
-    if ckpt["written"]:
-        words = f"; new checkpoint {ckpt['new']} ({ckpt.get('new_by') or 'completed during the stop'})"
-    elif ckpt["new"]:
-        words = f"; NO sound new checkpoint: {ckpt['new']} completed, but {'; '.join(ckpt['doubts'])}"
-    else:
-        newest = f" (newest complete: {ckpt['newest']}, from before the stop)" if ckpt["newest"] else ""
-        words = "; NO new checkpoint" + newest
-    if ckpt.get("unfinished"):
-        words += f"; a later save was left unfinished ({', '.join(ckpt['unfinished'])})"
-    return words
-
-
-def _summary(result, main_pid, started):
-    took = round(time.monotonic() - started, 1)
-    launch = result.get("launcher")
-    if launch:
-        plan = launch.get("plan") or {}
-        head_words = (f"{launch['launcher']} agent PID {main_pid} ({len(launch['workers'])} workers, deadline "
-                      f"{launch['deadline']}"
-                      + (f"; the graceful signal went to the {plan['to']}" if plan else "") + ")")
-    else:
-        head_words = None
-    if result["survivors"]:
-        head = f"PID {main_pid} NOT stopped after {took}s"
-    elif result["stopped_by"] and result["stopped_by"]["scope"] == "request":
-        head = f"stopped PID {main_pid} by the stop request in {took}s, no signal sent ({_request_words(result)})"
-    elif result["stopped_by"]:
-        by = result["stopped_by"]
-        head = f"stopped PID {main_pid} at stage {by['stage'] + 1} ({by['signal']}) in {took}s"
-    else:
-        head = f"PID {main_pid} stopped in {took}s"
-    ckpt = result.get("checkpoint")
-    if ckpt is not None:
-        head += _checkpoint_words(ckpt)
-    loss = result["loss"]
-    request = result.get("request") or {}
-    if request.get("taken") is False:
-        head += f"; the stop request was not taken: {request['why']}" + (
-            ", and the signal ladder followed" if result["stopped_by"] else "")
-    if loss["saved_on_stop"]:
-        by = "the stop request" if request.get("taken") else ckpt.get("new_by_signal") or "its own"
-        head += f"; 0 steps lost (the trainer saved on {by} and exited)"
-    elif loss["ahead_of_log"] is not None:
-        head += (f"; the checkpoint's step {loss['checkpoint_step']} is {loss['ahead_of_log']} steps ahead "
-                 f"of the log (step {loss['last_logged_step']}): steps lost not known")
-    elif loss["steps_lost"] is not None:
-        lost = checkpoint_verdict.lost_words(loss)
-        head += (f"; {lost} steps after the newest checkpoint lost" if loss["checkpoint"]
-                 else f"; no checkpoint at all: all {lost} steps of the run lost")
-    elif loss["checkpoint"] and loss["checkpoint_step"] is None:
-        head += "; steps lost not known (the checkpoint's step is not known)"
-    elif loss["last_logged_step"] is None:
-        head += "; steps lost not known (no step in the trainer's log)"
-    log = progress.log_words(result.get("log"))
-    # no log with a step is said where the loss hangs on it, not where the trainer saved on the stop
-    # (a gang's CT whose ranks do not log: rank 0 logs on another CT)
-    if log and not (loss["saved_on_stop"] and (result.get("log") or {}).get("path") is None):
-        head += f"; log: {log}"
-    resume = (ckpt or {}).get("resume") or {}
-    if resume.get("name") and not resume["complete"]:
-        head += (f"; the trainer's resume would load the incomplete {resume['name']} "
-                 f"({'; '.join(resume['problems'])})")
-    older = checkpoint_verdict.older_resume_words(ckpt or {})
-    if older:
-        head += f"; {older}"
-    if result["other_gpu_holders"]:
-        head += f"; {_others(result)}"
-    return head + (f"; {head_words}" if head_words else "")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import gang_health, launch
 
 
 def params(tmp_path, **extra):
@@ -123,7 +123,7 @@ def test_a_gang_ct_stops_waiting_when_another_ct_says_its_launch_failed(tmp_path
     health = {"dir": str(shared), "me": "ct400", "members": ["ct400", "ct401"]}
     proc = run_trainer(tmp_path, "import time\nprint('waiting for the rendezvous')\ntime.sleep(30)")
     try:
-        other = launch.GangPeers(dict(health, me="ct401"))
+        other = gang_health.GangPeers(dict(health, me="ct401"))
         other.tell("failed: the trainer (PID 9) exited with status 1 after 0.4s")
         with pytest.raises(launch.LaunchError) as caught:
             launch.wait_healthy(proc, params(tmp_path, gang_health=health))
@@ -143,7 +143,7 @@ def test_a_gang_ct_whose_launch_fails_tells_the_others(tmp_path):
     with pytest.raises(launch.LaunchError):
         launch.wait_healthy(proc, params(tmp_path, gang_health=health))
     assert (shared / "ct401").read_text().startswith("failed: the trainer (PID ")
-    assert launch.GangPeers(dict(health, me="ct400")).failed()[0] == "ct401"
+    assert gang_health.GangPeers(dict(health, me="ct400")).failed()[0] == "ct401"
 
 
 @pytest.mark.parametrize("rank0_says", ["healthy", None])
@@ -156,9 +156,9 @@ def test_a_gang_ct_without_rank_0_is_healthy_only_once_the_gangs_ranks_have_met(
     shared = tmp_path / "ckpt" / ".dflash-gang" / "big-abc-1"
     health = {"dir": str(shared), "me": "ct401", "members": ["ct400", "ct401"]}
     proc = run_trainer(tmp_path, "import time\ntime.sleep(30)")
-    rank0 = launch.GangPeers(dict(health, me="ct400"))
+    rank0 = gang_health.GangPeers(dict(health, me="ct400"))
     try:
-        peers = launch.GangPeers(health)
+        peers = gang_health.GangPeers(health)
         rank0.tell("ranks running")
         assert not peers.met() and not rank0.met(), "ranks running is no meeting"
         if rank0_says:

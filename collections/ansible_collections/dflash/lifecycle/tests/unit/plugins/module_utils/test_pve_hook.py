@@ -1,6 +1,6 @@
 """The Proxmox hook's rules: where the node's script goes and what a CT's hookscript allows
 (module_utils/node/hookscript.py), what a launch keeps on the CT's disk and what a stop asked for
-marks (module_utils/ct/run_spec.py), and the CT side's decisions (module_utils/pve_hook.py)."""
+marks (module_utils/ct/run_spec.py), and the CT side's decisions (module_utils/agent/hook.py)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook, launch_options, payload, rollback
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
 
@@ -71,7 +71,7 @@ def launched(tmp_path):
     directory = str(tmp_path / "lifecycle")
     lifecycle = {"dir": directory, "stop": STOP, "stage_models": None, "lock_path": "/run/dflash/redeploy.lock"}
     run_spec.record_launch(lifecycle, dict(LAUNCH, lifecycle=lifecycle), 4242)
-    pve_hook.write_agent(directory)
+    payload.write_agent(directory)
     return directory
 
 
@@ -119,8 +119,8 @@ def test_the_agent_runs_as_a_zip_application_and_says_what_it_does_in_a_ct_witho
     agent = os.path.join(directory, "agent.zip")
     with zipfile.ZipFile(agent) as built:
         names = built.namelist()
-    assert "__main__.py" in names and "ansible_collections/dflash/lifecycle/plugins/module_utils/pve_hook.py" in names
-    assert pve_hook.write_agent(directory) is False  # the same code: not rewritten
+    assert "__main__.py" in names and "ansible_collections/dflash/lifecycle/plugins/module_utils/agent/hook.py" in names
+    assert payload.write_agent(directory) is False  # the same code: not rewritten
     os.unlink(run_spec.spec_path(directory))
     for phase in ("pre-stop", "post-start"):
         done = subprocess.run([sys.executable, agent, phase], capture_output=True, text=True, check=False)
@@ -133,8 +133,8 @@ def test_the_agent_runs_as_a_zip_application_and_says_what_it_does_in_a_ct_witho
 def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys):
     directory = launched(tmp_path)
     run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
-    assert pve_hook.pre_stop(directory) == 0
-    assert pve_hook.post_start(directory, os.path.join(directory, "agent.zip")) == 0
+    assert hook.pre_stop(directory) == 0
+    assert hook.post_start(directory, os.path.join(directory, "agent.zip")) == 0
     out = capsys.readouterr().out
     assert out.count("the run was stopped on purpose (the stop of root@vm ansible-playbook pid 7 at ") == 2
     assert not os.path.exists(os.path.join(directory, "resume.log"))  # nothing was started
@@ -143,14 +143,14 @@ def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys
 def test_a_gang_relaunches_once_every_member_is_up_since_the_newest_pause(tmp_path, monkeypatch):
     a = {"dir": str(tmp_path / "meet"), "me": "a", "members": ["a", "b"]}
     b = dict(a, me="b")
-    pve_hook._tell(a, "paused", {})
-    pve_hook._tell(b, "paused", {})
-    pve_hook._tell(b, "up", {})
-    gang_round, missing = pve_hook.gang_meets(a, 5)
+    hook._tell(a, "paused", {})
+    hook._tell(b, "paused", {})
+    hook._tell(b, "up", {})
+    gang_round, missing = hook.gang_meets(a, 5)
     assert missing is None and gang_round == f"{json.loads((tmp_path / 'meet/paused/b.json').read_text())['at']:.0f}"
-    pve_hook._tell(b, "paused", {})  # b's CT stops again: a's word of before no longer counts
-    monkeypatch.setattr(pve_hook, "GANG_POLL_SECONDS", 0.05)
-    gang_round, missing = pve_hook.gang_meets(dict(b, members=["a", "b", "c"]), 0.2)
+    hook._tell(b, "paused", {})  # b's CT stops again: a's word of before no longer counts
+    monkeypatch.setattr(hook, "GANG_POLL_SECONDS", 0.05)
+    gang_round, missing = hook.gang_meets(dict(b, members=["a", "b", "c"]), 0.2)
     assert gang_round is None and missing.startswith("a, c did not come back within 0 s") and "THE GANG STAYS DOWN" in missing
 
 
@@ -158,12 +158,12 @@ def test_the_pre_stop_bound_holds_the_lock_wait_the_stop_budget_and_the_margin()
     """The node ends a pre-stop at this bound: with the defaults, 3 s of a gang's margin, 900 s for a
     job that holds the lock, the stop's worst case (1800 s for the next checkpoint, the ladder's 160 s with
     its graceful stage grown to 900 s, 10 s of diagnostics a stage) and 30 s of the agent's own."""
-    assert pve_hook.pre_stop_bound({}, 3) == 3 + 900 + 1800 + (120 + 30 + 10 + 780) + 30 + 30
+    assert hook.pre_stop_bound({}, 3) == 3 + 900 + 1800 + (120 + 30 + 10 + 780) + 30 + 30
     short = {"graceful_wait_cap": 60, "no_graceful": "proceed", "next_checkpoint_timeout": 10, "request_ack_timeout": 5,
              "ladder": [{"signal": "SIGINT", "scope": "main", "wait": "20"}, {"signal": "SIGKILL", "scope": "tree", "wait": 5}]}
-    assert pve_hook.pre_stop_bound(short, 0) == 60 + (5 + 60) + (20 + 5 + 40) + 2 * 10 + 30
+    assert hook.pre_stop_bound(short, 0) == 60 + (5 + 60) + (20 + 5 + 40) + 2 * 10 + 30
     with pytest.raises(ValueError, match=r"ladder\[0\]\.wait"):
-        pve_hook.pre_stop_bound({"ladder": [{"signal": "SIGINT", "wait": "soon"}]}, 3)
+        hook.pre_stop_bound({"ladder": [{"signal": "SIGINT", "wait": "soon"}]}, 3)
 
 
 def test_the_legacy_script_and_ours_on_another_storage_are_ours_to_replace():
@@ -183,10 +183,10 @@ def test_a_second_relaunch_in_one_ct_waits_for_the_first(tmp_path, monkeypatch):
     import time
 
     order = []
-    monkeypatch.setattr(pve_hook, "_resume", lambda directory, phase: order.append(("relaunch", time.monotonic())) or 0)
+    monkeypatch.setattr(hook, "_resume", lambda directory, phase: order.append(("relaunch", time.monotonic())) or 0)
     guard = os.open(tmp_path / "resume.lock", os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(guard, fcntl.LOCK_EX)  # the first relaunch, under way
-    second = threading.Thread(target=pve_hook.resume, args=(str(tmp_path),))
+    second = threading.Thread(target=hook.resume, args=(str(tmp_path),))
     second.start()
     time.sleep(0.3)
     assert order == [] and second.is_alive()
@@ -207,12 +207,10 @@ def test_a_rollback_names_the_settings_it_goes_back_to_and_those_the_job_changed
 
 
 def test_a_launch_keeps_the_run_before_it_and_a_rescue_relaunches_either_on_its_own_settings(tmp_path):
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call  # pylint: disable=import-outside-toplevel
-
     directory = str(tmp_path / "lifecycle")
     lifecycle = {"dir": directory, "stop": STOP, "stage_models": None, "lock_path": "/run/dflash/redeploy.lock"}
     options = {key: value for key, value in LAUNCH.items() if key != "release"}  # the launch sets it, not its caller
-    good = dict(launch_call.checked(dict(options, lifecycle=lifecycle), "t")[0], release="r2")
+    good = dict(launch_options.checked(dict(options, lifecycle=lifecycle), "t")[0], release="r2")
     run_spec.record_launch(lifecycle, good, 4242)
     assert run_spec.read(directory)["before"] is None  # the first launch: no run before it
     rejected = dict(good, wrapper_script="export BROKEN=1\n", release="r3")
@@ -222,13 +220,13 @@ def test_a_launch_keeps_the_run_before_it_and_a_rescue_relaunches_either_on_its_
     assert "before" not in spec["before"]  # one run back, never a chain
     job = dict(rejected, settings_from="launch_before_last")
     del job["release"]
-    params, said = launch_call.run_before(job)
+    params, said = rollback.run_before(job)
     assert params.get("wrapper_script") is None and params["release"] == "r2"
     assert params["lifecycle"]["dir"] == directory and params["stop_first"] is None
     assert said["settings"].endswith("(release r2); this job's differed in wrapper_script"), said
-    params, said = launch_call.run_before(dict(job, settings_from="last_launch"))
+    params, said = rollback.run_before(dict(job, settings_from="last_launch"))
     assert params["wrapper_script"] == "export BROKEN=1\n" and said["settings"].endswith("this job's were the same")
-    assert launch_call.run_before(dict(job, settings_from="job")) == (dict(job, settings_from="job"), {})
+    assert rollback.run_before(dict(job, settings_from="job")) == (dict(job, settings_from="job"), {})
     nothing = dict(job, lifecycle=dict(lifecycle, dir=str(tmp_path / "none")))
-    assert launch_call.run_before(nothing) == (nothing, {"settings": "this job's settings (the CT keeps no earlier "
-                                                                     "launch of the run)"})
+    assert rollback.run_before(nothing) == (nothing, {"settings": "this job's settings (the CT keeps no earlier "
+                                                                  "launch of the run)"})

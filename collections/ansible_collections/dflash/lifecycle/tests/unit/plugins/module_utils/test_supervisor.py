@@ -1,4 +1,4 @@
-"""The supervisor's rules (module_utils/supervisor.py) without a CT: the policy's bounds, the
+"""The supervisor's rules (module_utils/agent/: policy.py, rounds.py, watch.py, hang.py, supervision.py) without a CT: the policy's bounds, the
 back-off, the learned hang timeout, an exit status in words, the gang's rounds and their count,
 the beats a log and a heartbeat give, what status and the next redeploy say, and the stand-down a
 stop asked for leaves (module_utils/ct/run_spec.py)."""
@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang, policy, rounds, supervision
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 
-POLICY = supervisor.policy_of({"supervise": {"backoff_s": 10, "backoff_max_s": 360, "hang_floor_s": 60, "hang_factor": 5}})
+POLICY = policy.policy_of({"supervise": {"backoff_s": 10, "backoff_max_s": 360, "hang_floor_s": 60, "hang_factor": 5}})
 
 
 @pytest.mark.parametrize("given, problem", [
@@ -27,30 +28,30 @@ POLICY = supervisor.policy_of({"supervise": {"backoff_s": 10, "backoff_max_s": 3
     ({"webhook": "ftp://x"}, "supervise.webhook: 'ftp://x' must be an http:// or https:// URL"),
 ])
 def test_a_value_outside_its_rule_is_named(given, problem):
-    problems = supervisor.policy_problems(given)
+    problems = policy.policy_problems(given)
     assert len(problems) == 1 and problems[0].startswith(problem), problems
 
 
 def test_the_defaults_and_a_role_variables_names_hold():
-    assert supervisor.policy_problems(supervisor.policy_of({"supervise": {}})) == []
-    assert supervisor.policy_problems({"backoff_s": -2}, lambda key: f"trainer_launch_supervise_{key}") == [
+    assert policy.policy_problems(policy.policy_of({"supervise": {}})) == []
+    assert policy.policy_problems({"backoff_s": -2}, lambda key: f"trainer_launch_supervise_{key}") == [
         "trainer_launch_supervise_backoff_s: -2 must be at least 0"]
-    assert supervisor.policy_of({}) is None, "a run launched without supervise has no supervisor"
+    assert policy.policy_of({}) is None, "a run launched without supervise has no supervisor"
 
 
 def test_the_back_off_doubles_from_its_first_wait_up_to_its_cap():
-    assert [supervisor.backoff(POLICY, n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 320, 360]
+    assert [policy.backoff(POLICY, n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 320, 360]
 
 
 def test_the_hang_timeout_is_learned_from_the_runs_own_intervals_with_a_floor_and_a_start_up_bound():
-    assert supervisor.hang_timeout(POLICY, [], startup=300) == 300, "no interval seen yet: the start-up bound"
-    assert supervisor.hang_timeout(POLICY, [2.0, 3.0], startup=300) == 60, "the floor"
-    assert supervisor.hang_timeout(POLICY, [20.0, 45.0, 30.0], startup=300) == 225, "five times the longest"
+    assert policy.hang_timeout(POLICY, [], startup=300) == 300, "no interval seen yet: the start-up bound"
+    assert policy.hang_timeout(POLICY, [2.0, 3.0], startup=300) == 60, "the floor"
+    assert policy.hang_timeout(POLICY, [20.0, 45.0, 30.0], startup=300) == 225, "five times the longest"
 
 
 def test_an_exit_status_is_said_with_its_code_or_signal():
-    assert supervisor.exit_words(1 << 8) == ("exited with status 1", {"signal": None, "code": 1})
-    assert supervisor.exit_words(signal.SIGKILL) == ("killed by SIGKILL", {"signal": "SIGKILL", "code": None})
+    assert policy.exit_words(1 << 8) == ("exited with status 1", {"signal": None, "code": 1})
+    assert policy.exit_words(signal.SIGKILL) == ("killed by SIGKILL", {"signal": "SIGKILL", "code": None})
 
 
 def _spec(directory, **launch):
@@ -68,21 +69,21 @@ def test_a_gangs_rounds_count_once_for_every_member_and_give_one_clock(tmp_path)
     members = []
     for name in ("ct400", "ct401"):
         _spec(str(tmp_path / name), gang_health={"dir": "x", "me": name, "members": ["ct400", "ct401"]})
-        sup = supervisor.Supervisor(str(tmp_path / name), "agent.zip")
+        sup = supervision.Supervisor(str(tmp_path / name), "agent.zip")
         sup.rounds_dir = shared
         members.append(sup)
     first, second = members
-    first.tell_down({"cause": "crash: the trainer killed by SIGKILL"})
-    assert set(second.downs()) == {"ct400"}
-    second.tell_down({"cause": "ct400 of the gang went down"})
-    count, clock = first.restarts_in_window(time.time())
-    assert (count, clock) == second.restarts_in_window(time.time()) and count == 1
-    assert clock == first.downs()["ct400"]["at"], "the round's first end: one back-off for the gang"
+    rounds.tell_down(first, {"cause": "crash: the trainer killed by SIGKILL"})
+    assert set(rounds.downs(second)) == {"ct400"}
+    rounds.tell_down(second, {"cause": "ct400 of the gang went down"})
+    count, clock = rounds.restarts_in_window(first, time.time())
+    assert (count, clock) == rounds.restarts_in_window(second, time.time()) and count == 1
+    assert clock == rounds.downs(first)["ct400"]["at"], "the round's first end: one back-off for the gang"
     for sup in members:
         sup.round = 1
-        sup.tell_down({"cause": "the relaunch failed"})
-    assert first.restarts_in_window(time.time())[0] == 2
-    assert first.restarts_in_window(time.time() + 3600)[0] == 0, "ends older than the window do not count"
+        rounds.tell_down(sup, {"cause": "the relaunch failed"})
+    assert rounds.restarts_in_window(first, time.time())[0] == 2
+    assert rounds.restarts_in_window(first, time.time() + 3600)[0] == 0, "ends older than the window do not count"
 
 
 def test_a_job_launch_begins_a_lone_cts_rounds_afresh(tmp_path):
@@ -98,7 +99,7 @@ def test_a_job_launch_begins_a_lone_cts_rounds_afresh(tmp_path):
 def test_beats_come_from_progress_lines_and_the_helpers_heartbeat_and_teach_the_gaps(tmp_path):
     log, beat = tmp_path / "train.log", tmp_path / "stop-request.alive"
     log.write_text("head\n")
-    watch = supervisor.Watch.__new__(supervisor.Watch)
+    watch = Watch.__new__(Watch)
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
     watch.progress, watch.reader = progress, progress.LogReader()
     watch.log, watch.offset, watch.partial = str(log), log.stat().st_size, b""
@@ -120,17 +121,17 @@ def test_status_and_the_next_redeploy_say_each_end_once(tmp_path):
     directory = str(tmp_path)
     end = {"cause": "crash: the trainer killed by SIGKILL", "at": time.time(), "checkpoint": "/ckpt/step_200",
            "relaunch": "trainer PID 7 healthy, resumed from /ckpt/step_200"}
-    with open(supervisor.state_path(directory), "w", encoding="utf-8") as handle:
+    with open(policy.state_path(directory), "w", encoding="utf-8") as handle:
         json.dump({"state": "watching", "supervisor": 999999999, "supervisor_start": 1, "ends": [end],
                    "restarts": 1, "trainer": {"pid": 7}}, handle)
-    words = supervisor.words(directory)
+    words = policy.words(directory)
     assert words.startswith("GONE while watching (PID 999999999): the run is not supervised; 1 restarts since "
                             "the launch; ends: "), words
     assert "crash: the trainer killed by SIGKILL, checkpoint /ckpt/step_200 -> trainer PID 7 healthy" in words
-    said = supervisor.restarts_since(directory, mark=True)
+    said = policy.restarts_since(directory, mark=True)
     assert said.startswith("the supervisor saw 1 end(s) of the run since the last job: ") and said.endswith(
         "resumed from /ckpt/step_200; now: watching"), said
-    assert supervisor.restarts_since(directory) is None, "reported once"
+    assert policy.restarts_since(directory) is None, "reported once"
 
 
 def test_a_stop_asked_for_leaves_a_stand_down_the_supervisor_reads(tmp_path):
@@ -163,10 +164,10 @@ def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_th
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Hook)  # loopback only
     threading.Thread(target=server.handle_request, daemon=True).start()
-    policy = dict(POLICY, webhook=f"http://127.0.0.1:{server.server_port}/dflash", webhook_timeout_s=3)
+    hooked = dict(POLICY, webhook=f"http://127.0.0.1:{server.server_port}/dflash", webhook_timeout_s=3)
     began = time.monotonic()
     event = {"event": "crash", "ct": "ct200", "cause": "crash: the trainer killed by SIGKILL"}
-    supervisor.post_event(policy, event)
+    supervision.post_event(hooked, event)
     assert time.monotonic() - began < 0.5, "the POST runs in a child: the caller goes on at once"
     child_status = os.wait()[1]
     server.server_close()
@@ -176,14 +177,14 @@ def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_th
 def test_a_hangs_stop_waits_the_runs_cadence_before_its_last_stage_and_requires_no_checkpoint():
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
 
-    options = supervisor.as_hang(stop_options.StopOptions({"pidfile": "/run/x.pid", "require_checkpoint": True}),
-                                 supervisor.hang_grace([2.5, 7.25, 4.0]))
+    options = hang.as_hang(stop_options.StopOptions({"pidfile": "/run/x.pid", "require_checkpoint": True}),
+                           hang.hang_grace([2.5, 7.25, 4.0]))
     assert [(s["signal"].name, s["wait"]) for s in options.stages] == [("SIGINT", 7.25), ("SIGTERM", 7.25), ("SIGKILL", 10)]
     assert options.request_ack_timeout == 7.25 and options.graceful_wait_cap == 900, "a save under way still grows it"
     assert (options.on_missing_checkpoint, options.no_graceful, options.require_checkpoint) == ("proceed", "proceed", False)
-    assert supervisor.hang_grace([0.4]) == supervisor.HANG_GRACE_FLOOR_S
-    assert supervisor.hang_grace([]) == supervisor.HANG_GRACE_UNKNOWN_S
-    long_stage = supervisor.as_hang(stop_options.StopOptions({"pidfile": "/x", "ladder": [
+    assert hang.hang_grace([0.4]) == hang.HANG_GRACE_FLOOR_S
+    assert hang.hang_grace([]) == hang.HANG_GRACE_UNKNOWN_S
+    long_stage = hang.as_hang(stop_options.StopOptions({"pidfile": "/x", "ladder": [
         {"signal": "SIGINT", "wait": 5}, {"signal": "SIGKILL", "wait": 10}]}), 60)
     assert [s["wait"] for s in long_stage.stages] == [5, 10], "never longer than the run's own stage"
 
@@ -196,4 +197,4 @@ def test_a_hangs_stop_waits_the_runs_cadence_before_its_last_stage_and_requires_
     ({}, "no checkpoint from its stop; the steps lost are not known"),
 ])
 def test_a_supervisors_stop_says_what_it_lost(loss, words):
-    assert supervisor.loss_words({"loss": loss}) == words
+    assert hang.loss_words({"loss": loss}) == words

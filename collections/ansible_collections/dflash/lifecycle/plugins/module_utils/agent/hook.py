@@ -18,7 +18,7 @@ in the task's log, capped and cleaned, and ends it at the bound of its own polic
 - ``post-start``: returns at once (Proxmox's start task waits for the hook) and leaves a detached
   ``resume`` to stage the model into the wiped /dev/shm and relaunch the run's release with its own
   settings, resuming from its checkpoint - the launch's own transaction
-  (module_utils/launch_call.py). A gang's member relaunches once every member's CT is up again,
+  (module_utils/agent/transaction.py). A gang's member relaunches once every member's CT is up again,
   meeting the others in the checkpoint directory they share; one that does not come back within
   the bound leaves the gang down, said.
 
@@ -29,25 +29,26 @@ Each phase prints one line for the node's task log and keeps its outcome in the 
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
 import sys
 import time
-import zipfile
-import zlib
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
 
-AGENT_MAIN = ("import sys\n"
-              "from ansible_collections.dflash.lifecycle.plugins.module_utils import pve_hook\n"
-              "sys.exit(pve_hook.main(sys.argv[1:]))\n")
-
 PRE_STOP_HOLDER = "Proxmox pre-stop hook"
+
+
 POST_START_HOLDER = "Proxmox post-start hook"
+
+
 LEASE_SECONDS = 60
+
+
 GANG_POLL_SECONDS = 1.0
+
+
 # a pre-stop's own time beyond its waits: the agent's start, the checkpoint's verification, its record
 PRE_STOP_SLACK_S = 30.0
 
@@ -61,11 +62,6 @@ def _record(spec):
     return spec["launch"].get("change_record") or change_record.DEFAULT_PATH
 
 
-def lock_path(spec):
-    """The CT's redeploy lock the run's spec names."""
-    return spec.get("lock_path") or os.path.join(os.path.dirname(spec["launch"]["pidfile"]), "redeploy.lock")
-
-
 def _gang(spec):
     """The gang's meeting place (dir, me, members) of a gang member's spec, or None: under the
     job's own, whatever rounds the supervisor's restarts went through since."""
@@ -76,23 +72,6 @@ def _gang(spec):
 def _stays_stopped(spec):
     return (f"the run was stopped on purpose ({spec.get('wanted_by')} at {change_record.stamp(spec.get('wanted_at') or 0)}): "
             "it stays stopped")
-
-
-def wait_for_lock(path, holder, cap, takeover_holder=None):
-    """Take the CT's redeploy lock for holder, waiting up to cap seconds for a job that holds it
-    (its worker ends with the CT anyway); takeover_holder: a holder whose lock may be taken once its
-    worker is gone. Returns None once held, else the words of the holder it went on without."""
-    deadline = time.monotonic() + cap
-    while True:
-        try:
-            lock.take(path, holder, LEASE_SECONDS, takeover_holder=takeover_holder)
-            return None
-        except lock.LockHeld as err:
-            if time.monotonic() >= deadline:
-                return str(err).split(". ", maxsplit=1)[0]
-        except (OSError, ValueError) as err:
-            return f"lock_path: {err}"
-        time.sleep(1)
 
 
 def pre_stop_bound(stop, margin):
@@ -131,13 +110,13 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
         return 1
     options.lifecycle_dir = None  # this stop is Proxmox's: the run stays wanted
     options.signal_at = moment
-    try:  # the run's supervisor lets it end (module_utils/supervisor.py)
+    try:  # the run's supervisor lets it end (module_utils/agent/supervise.py)
         run_spec.stand_down(directory, PRE_STOP_HOLDER)
     except OSError as err:
         say(phase, f"the run's supervisor was not told ({err}): it may restart the run before the CT stops")
     record = _record(spec)
-    ct_lock = lock_path(spec)
-    went_on = wait_for_lock(ct_lock, PRE_STOP_HOLDER, options.graceful_wait_cap)
+    ct_lock = run_spec.lock_path(spec)
+    went_on = lock.wait_for(ct_lock, PRE_STOP_HOLDER, options.graceful_wait_cap, LEASE_SECONDS)
     try:
         change_record.begin(record, PRE_STOP_HOLDER, "stop before Proxmox stops the CT", os.getpid())
     except OSError:
@@ -227,7 +206,7 @@ def resume(directory, phase="post-start"):
 
 
 def _resume(directory, phase):
-    from ansible_collections.dflash.lifecycle.plugins.module_utils import launch_call
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import supervise, transaction
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
     spec = run_spec.read(directory)
@@ -251,9 +230,9 @@ def _resume(directory, phase):
                 pass
             say(phase, missing)
             return 1
-    ct_lock = lock_path(spec)
+    ct_lock = run_spec.lock_path(spec)
     # a gang's member whose CT did not stop still has the lock of the pre-stop its peer asked for
-    went_on = wait_for_lock(ct_lock, POST_START_HOLDER, LEASE_SECONDS, takeover_holder=PRE_STOP_HOLDER)
+    went_on = lock.wait_for(ct_lock, POST_START_HOLDER, LEASE_SECONDS, LEASE_SECONDS, takeover_holder=PRE_STOP_HOLDER)
     if went_on:
         say(phase, f"not relaunched: {went_on} holds the CT")
         return 1
@@ -261,12 +240,12 @@ def _resume(directory, phase):
     params["lifecycle"]["dir"] = directory
     lease = (ct_lock, POST_START_HOLDER, LEASE_SECONDS)
     try:
-        result = launch_call.run(params, False, lambda note: say(phase, note), lease)
+        result = transaction.run(params, False, lambda note: say(phase, note), lease, after=supervise.taking_over(params))
         resumed = (result.get("resume") or {}).get("path")
         say(phase, f"the run is back: {result.get('msg')}, " + (
             f"resuming from {resumed}" if resumed else "with no checkpoint to resume from"))
         return 0
-    except launch_call.LaunchFailed as err:
+    except transaction.LaunchFailed as err:
         say(phase, f"THE RELAUNCH FAILED: {err.msg}")
         return 1
     finally:
@@ -304,103 +283,3 @@ def post_start(directory, argv0):
     say("post-start", f"the relaunch of release {spec.get('release') or '(current)'} goes on detached in the CT "
                       f"(its log: {log}; its outcome: make status, last_change)")
     return 0
-
-
-def _package_root():
-    """The directory (or zip archive) that holds the ansible_collections package this code runs from."""
-    here = os.path.abspath(__file__)
-    marker = os.sep + os.path.join("ansible_collections", "dflash", "lifecycle") + os.sep
-    return here[:here.index(marker)]
-
-
-def _payload_entries(payload):
-    """The entries of an AnsiballZ payload the agent takes: this collection and ansible.module_utils."""
-    return [info for info in payload.infolist()
-            if info.filename.startswith(("ansible/module_utils/", "ansible_collections/"))
-            or info.filename == "ansible/__init__.py"]
-
-
-def agent_bytes():
-    """The agent as a zip application: this collection's module_utils and the ansible.module_utils
-    it imports, as the module that runs this has them (its AnsiballZ payload when it is one, else
-    the source trees), with a __main__ that runs this file's main."""
-    buffer = io.BytesIO()
-    root = _package_root()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as agent:
-        if zipfile.is_zipfile(root):
-            with zipfile.ZipFile(root) as payload:
-                for info in _payload_entries(payload):
-                    agent.writestr(info, payload.read(info))
-        else:
-            import ansible.module_utils
-
-            ours = os.path.join("ansible_collections", "dflash", "lifecycle", "plugins", "module_utils")
-            trees = [(os.path.join(root, ours), ours),
-                     (os.path.dirname(ansible.module_utils.__file__), "ansible/module_utils")]
-            for top, name in trees:
-                for folder, dirs, files in os.walk(top):
-                    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                    if "__init__.py" not in files:  # zipimport finds no namespace package
-                        agent.writestr(os.path.normpath(os.path.join(name, os.path.relpath(folder, top), "__init__.py")), "")
-                    for file in sorted(files):
-                        if file.endswith(".py"):
-                            path = os.path.join(folder, file)
-                            agent.write(path, os.path.join(name, os.path.relpath(path, top)))
-            for package in ("ansible", "ansible_collections", "ansible_collections/dflash",
-                            "ansible_collections/dflash/lifecycle", "ansible_collections/dflash/lifecycle/plugins"):
-                agent.writestr(f"{package}/__init__.py", "")
-        agent.writestr("__main__.py", AGENT_MAIN)
-    return buffer.getvalue()
-
-
-def _contents(archive):
-    """{(name, CRC)} of a zip, or None when it cannot be read."""
-    try:
-        with zipfile.ZipFile(archive) as opened:
-            return {(info.filename, info.CRC) for info in opened.infolist()}
-    except (OSError, zipfile.BadZipFile):
-        return None
-
-
-def write_agent(directory):
-    """agent.zip in directory, replaced only when its code changed (a launch of the same release of
-    this collection compares the payload's CRCs and builds nothing). Returns whether it changed."""
-    path = os.path.join(directory, "agent.zip")
-    root = _package_root()
-    old = _contents(path)
-    if old is not None and zipfile.is_zipfile(root):
-        with zipfile.ZipFile(root) as payload:
-            wanted = {(info.filename, info.CRC) for info in _payload_entries(payload)}
-        if old == wanted | {("__main__.py", zlib.crc32(AGENT_MAIN.encode()))}:
-            return False
-    data = agent_bytes()
-    if old is not None and old == _contents(io.BytesIO(data)):
-        return False
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.rename(tmp, path)
-    return True
-
-
-def main(argv, agent=None):
-    """``hook <phase>``: pve-container's phases (the others cost nothing), and ``resume``. agent:
-    the agent's zip, in the run's lifecycle directory (sys.argv[0] when run as ``python agent.zip``)."""
-    agent = os.path.abspath(agent or sys.argv[0])
-    directory = os.path.dirname(agent)
-    phase = argv[0] if argv else ""
-    if phase == "pre-stop":
-        return pre_stop(directory, float(argv[1]) if len(argv) > 1 and argv[1] else None)
-    if phase == "post-start":
-        return post_start(directory, agent)
-    if phase == "resume":
-        return resume(directory)
-    if phase == "supervise":
-        from ansible_collections.dflash.lifecycle.plugins.module_utils import supervisor
-
-        return supervisor.supervise(directory, agent)
-    if phase in ("pre-start", "post-stop"):
-        return 0
-    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|resume|supervise; got {phase!r}\n")
-    return 2
