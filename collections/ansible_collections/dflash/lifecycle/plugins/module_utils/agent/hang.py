@@ -15,6 +15,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import write_atomic
 
+
 DIAGNOSTICS_KEPT = 10
 
 

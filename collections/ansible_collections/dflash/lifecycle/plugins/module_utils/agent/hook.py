@@ -37,6 +37,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
 
+
 PRE_STOP_HOLDER = "Proxmox pre-stop hook"
 
 

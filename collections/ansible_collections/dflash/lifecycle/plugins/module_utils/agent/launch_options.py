@@ -16,6 +16,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import poli
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress
 
+
 # the models staged between the stop and the launch, and before a relaunch after a CT restart
 STAGE_MODELS = {"type": "dict", "options": {
     "models": {"type": "dict", "required": True},

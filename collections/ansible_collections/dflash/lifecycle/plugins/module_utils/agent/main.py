@@ -14,6 +14,7 @@ import sys
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook, supervise, transaction
 
+
 def launch(params, check_mode, warn, lease=None, unlock=False):
     """The launch of params (launch_options.ARGUMENT_SPEC's, validated): transaction.run, its worker
     becoming the run's supervisor once the result is delivered. Returns the task's result, or

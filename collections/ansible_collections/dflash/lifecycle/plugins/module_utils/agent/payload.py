@@ -16,6 +16,7 @@ import os
 import zipfile
 import zlib
 
+
 AGENT_MAIN = ("import sys\n"
               "from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import main\n"
               "sys.exit(main.main(sys.argv[1:]))\n")

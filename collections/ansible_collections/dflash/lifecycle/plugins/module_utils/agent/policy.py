@@ -18,6 +18,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, proctable
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
 
+
 # the launch's supervise option (trainer_process's); RULES bound the numbers
 POLICY = {"type": "dict", "options": {
     "restart": {"type": "str", "choices": ["never", "on-failure"], "default": "on-failure"},

@@ -17,6 +17,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import watch as watch_mod
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, proctable, run_spec
 
+
 def hung(sup, watch, cause, pid, since, silence):
     path = None
     try:
@@ -110,8 +111,9 @@ def restart(sup, end):
     gang member that never went down or restart never leave it down."""
     since = time.time()
     sup.remember(end)
-    supervision.post_event(sup.policy, {"event": end["kind"], "ct": sup.me, "cause": end["cause"], "checkpoint": end.get("checkpoint"),
-                            "steps_lost": end.get("steps_lost"), "leftovers": end.get("leftovers")})
+    supervision.post_event(sup.policy, {"event": end["kind"], "ct": sup.me, "cause": end["cause"],
+                                        "checkpoint": end.get("checkpoint"), "steps_lost": end.get("steps_lost"),
+                                        "leftovers": end.get("leftovers")})
     if sup.policy["restart"] == "never":
         return down(sup, f"{end['cause']} (restart: never)")
     missing = rounds.gone_down(sup, end)

@@ -14,6 +14,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import star
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import LaunchFailed
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 
+
 def run_before(params):
     """(the options to launch, {settings: words} or {}) for settings_from: the job's own, or those of a
     launch the CT keeps (run.json) - its last (a rollback after a launch that failed, which kept nothing)
@@ -29,21 +30,25 @@ def run_before(params):
     if not spec:
         return params, {"settings": "this job's settings (the CT keeps no earlier launch of the run)"}
     again = run_spec.relaunch_params(spec, (params.get("gang_health") or {}).get("dir"))
+    # the caller says whether this launch stages the model (a rescue does not: the model at the
+    # target is whole, the one of before or the one this job staged)
+    again.update(stage_models=params.get("stage_models"))
     again["lifecycle"]["dir"] = directory
     return again, {"settings": run_spec.settings_words(spec, params)}
 
 
-def relaunch_after_stop(params, relaunch, spec):
+def relaunch_after_stop(params, judged, spec):
     """After a gang's stop phase failed: the release of before (the push activated nothing) again
-    from the checkpoint every CT sees, when every CT's run is gone; else nothing, said."""
-    if not relaunch["relaunch"]:
-        return {"after_stop": True, "failed": True, "msg": f"not relaunched: {relaunch['why']}"}
+    from the checkpoint every CT sees, when every CT's run is gone (judged: the gang's agreement's
+    relaunch); else nothing, said."""
+    if not judged["relaunch"]:
+        return {"after_stop": True, "failed": True, "msg": f"not relaunched: {judged['why']}"}
     try:
         again = relaunch(params, spec)
     except LaunchFailed as err:
         return {"after_stop": True, "failed": True, "msg": err.msg, "relaunch": dict(err.details, failed=True, msg=err.msg)}
     return {"after_stop": True, "relaunch": again,
-            "msg": f"the release of before runs again from {relaunch['checkpoint']}: {again['msg']}"}
+            "msg": f"the release of before runs again from {judged['checkpoint']}: {again['msg']}"}
 
 
 def relaunch(params, spec):
@@ -54,6 +59,9 @@ def relaunch(params, spec):
     other = params["rollback_launch"]
     if spec is not None:
         again = run_spec.relaunch_params(spec, other and other["gang_health_dir"])
+        # nothing staged: the model at the target is whole (the one of before, or the one this job
+        # staged), and a staging cut short by the failure is this job's, not the rollback's to redo
+        again.update(stage_models=None)
         again["lifecycle"]["dir"] = params["lifecycle"]["dir"]
         settings = run_spec.settings_words(spec, params)
     else:

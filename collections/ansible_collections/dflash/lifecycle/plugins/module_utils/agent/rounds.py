@@ -19,6 +19,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import 
 def round_dir(sup, number):
     return os.path.join(sup.rounds_dir, str(number))
 
+
 def tell_down(sup, facts):
     folder = os.path.join(round_dir(sup, sup.round), "down")
     try:
@@ -26,6 +27,7 @@ def tell_down(sup, facts):
         write_atomic(os.path.join(folder, f"{sup.me}.json"), json.dumps(dict(facts, at=time.time())), mode=0o644)
     except OSError as err:
         sup.say(f"cannot tell the gang this member is down: {err}")
+
 
 def downs(sup, number=None):
     """{member: its end} of the round (this one by default) for the members that said it."""
@@ -42,6 +44,7 @@ def downs(sup, number=None):
             except (OSError, ValueError):
                 continue
     return found
+
 
 def restarts_in_window(sup, now):
     """The rounds that ended within the crash-loop window, this one included, and when this

@@ -18,6 +18,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_opti
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 
+
 def newest_complete(params):
     """The newest complete checkpoint in the run's directory, as this CT sees it now."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints

@@ -51,6 +51,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import poli
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch, newest_checkpoint, save_under_way
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, run_spec
 
+
 def take_over(directory, pidfile):
     """In the launch's worker, its result delivered: become the supervisor of the trainer it started
     (exec of the agent: same PID, the trainer stays its child). Returns only when there is nothing

@@ -17,6 +17,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import poli
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, proctable, run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import write_atomic
 
+
 HOLDER = "dflash supervisor"
 
 
@@ -148,9 +149,10 @@ def not_our_child(pid):
     return None
 
 
-def post_event(policy, event):
-    """The webhook's POST of event (JSON), in a child of its own: it never holds the restart up."""
-    url = policy.get("webhook")
+def post_event(rules, event):
+    """The webhook's POST of event (JSON) by the run's policy (rules), in a child of its own: it never
+    holds the restart up."""
+    url = rules.get("webhook")
     if not url:
         return
     if os.fork() != 0:
@@ -160,7 +162,7 @@ def post_event(policy, event):
         from ansible.module_utils.urls import open_url
 
         open_url(url, data=json.dumps(event), method="POST", headers={"Content-Type": "application/json"},
-                 timeout=float(policy["webhook_timeout_s"])).close()
+                 timeout=float(rules["webhook_timeout_s"])).close()
     except BaseException:  # noqa: BLE001  (a forked child must never return into the supervisor)
         status = 1
     finally:

@@ -24,6 +24,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import roll
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import LaunchFailed
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, run_spec
 
+
 def run(params, check_mode, warn, lease=None, unlock=False, after=None):
     """The launch of params (ARGUMENT_SPEC's, validated); returns the task's result, or raises
     LaunchFailed. Outside check mode it runs as one transaction in a detached worker (the module
@@ -199,9 +200,9 @@ def _own_run_words(params, result):
 def outcome_words(result, running_words):
     """The transaction's result in one line, for the CT's record: what it did, then what runs."""
     words = result.get("msg") or "no message"
-    rollback = result.get("rollback")
-    if rollback is not None:
-        words += f"; rollback failed: {rollback.get('msg')}" if rollback.get("failed") else f"; {rollback.get('msg')}"
+    undone = result.get("rollback")
+    if undone is not None:
+        words += f"; rollback failed: {undone.get('msg')}" if undone.get("failed") else f"; {undone.get('msg')}"
     return f"{words}; {running_words}" if result.get("failed") else words
 
 

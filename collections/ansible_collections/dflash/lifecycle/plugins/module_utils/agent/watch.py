@@ -14,6 +14,7 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import star
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.supervision import LOG_MAX_BYTES
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
+
 GAPS_KEPT = 64  # the intervals the hang timeout is learned from: the newest ones
 
 
