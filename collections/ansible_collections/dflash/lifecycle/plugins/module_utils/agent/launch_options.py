@@ -10,8 +10,6 @@ without compiling the launch.
 
 from __future__ import annotations
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_formats
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, progress
@@ -121,6 +119,9 @@ class LaunchFailed(Exception):
 def checked(options, where):
     """(params, secret values) of launch options given to another module (the preflight's launch),
     validated as trainer_process validates its own; errors name the option as where.<name>."""
+    # only a validation pays for importing it (a supervisor or a hook that raises LaunchFailed does not)
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
     if not isinstance(options, dict):
         raise InvalidLaunch(f"{where}: must be a mapping of dflash.lifecycle.trainer_process's options")
     validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(options)

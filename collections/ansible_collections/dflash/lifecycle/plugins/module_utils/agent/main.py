@@ -3,8 +3,9 @@
 """The agent's entry (Python 3.8 compatible): the commands the CT's agent.zip runs - the Proxmox hook's
 phases (agent/hook.py) and ``supervise`` (agent/supervise.py) - and the launch the modules run, the
 transaction (agent/transaction.py) whose worker, once its result is delivered, becomes the run's
-supervisor. It imports every room of the agent, so a module that imports it carries the whole agent
-in its payload: the agent.zip a launch writes (agent/payload.py) is that payload's.
+supervisor. It reaches every room of the agent, so a module that imports it carries the whole agent
+in its payload: the agent.zip a launch writes (agent/payload.py) is that payload's. The launch is
+imported by launch() alone: a supervisor that watches, or a pre-stop, compiles none of it.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import os
 import sys
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook, supervise, transaction
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook, supervise
 
 
 def launch(params, check_mode, warn, lease=None, unlock=False):
     """The launch of params (launch_options.ARGUMENT_SPEC's, validated): transaction.run, its worker
     becoming the run's supervisor once the result is delivered. Returns the task's result, or
     raises launch_options.LaunchFailed."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import transaction
+
     return transaction.run(params, check_mode, warn, lease, unlock, after=supervise.taking_over(params))
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang, policy, rounds, supervision, transaction
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang, policy, rounds, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import watch as watch_mod
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, proctable, run_spec
 
@@ -154,6 +154,8 @@ def relaunch(sup, since):
     """The run launched again (transaction.py: the redeploy's launch, resuming from the newest
     checkpoint), by this process, so the new trainer is its child; then a fresh supervisor (an
     exec). Returns the facts of a relaunch that failed, or None once it stood down."""
+    # only a relaunch compiles the launch: a supervisor that watches holds none of it
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import transaction
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
 
     lease = supervision.take_lock(sup)

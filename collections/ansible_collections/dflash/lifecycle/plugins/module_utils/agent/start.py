@@ -19,15 +19,6 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 
 
-def newest_complete(params):
-    """The newest complete checkpoint in the run's directory, as this CT sees it now."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
-
-    done = checkpoints.Directory(params["checkpoint_dir"], params["checkpoint_format"],
-                                 params["checkpoint_custom"]).complete()
-    return os.path.join(params["checkpoint_dir"], done[-1][0]) if done else None
-
-
 def stage(params, done):
     """The models staged into shared memory between the stop and the launch (model_stage's work)."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import model_stage

@@ -22,6 +22,7 @@ import select
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import rollback, start
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import LaunchFailed
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, run_spec
 
 
@@ -142,7 +143,7 @@ def _steps(params, exclude, phase):
             raise
     if gang:
         phase("gang agreement")
-        agreed = gang_agreement.agree(gang, done.get("stop"), lambda: start.newest_complete(params))
+        agreed = gang_agreement.agree(gang, done.get("stop"), lambda: checkpoints.newest_complete(params))
         done["gang_stop"] = {key: agreed[key] for key in ("checkpoint", "problems", "after")}
         if agreed["problems"]:
             phase("relaunch")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import start
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.supervision import LOG_MAX_BYTES
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
 
 
@@ -111,7 +111,7 @@ def newest_checkpoint(launch):
     if not launch.get("checkpoint_dir"):
         return None
     try:
-        return start.newest_complete(launch)
+        return checkpoints.newest_complete(launch)
     except (OSError, ValueError):
         return None
 

@@ -354,3 +354,10 @@ class ResumeRefused(Exception):
 def move_words(moved):
     return "; ".join(f"moved the incomplete {m['name']} aside to {m['to'] or '.incomplete/ (check mode)'} "
                      f"({'; '.join(m['problems'])})" for m in moved)
+
+
+def newest_complete(params):
+    """The newest complete checkpoint of a run's launch options (checkpoint_dir, checkpoint_format,
+    checkpoint_custom), as this CT sees it now, or None."""
+    done = Directory(params["checkpoint_dir"], params["checkpoint_format"], params.get("checkpoint_custom")).complete()
+    return os.path.join(params["checkpoint_dir"], done[-1][0]) if done else None
