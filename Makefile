@@ -28,7 +28,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 TESTBED := $(BIN)/python tests/testbed/testbed.py -i $(TESTBED_INVENTORY)
 
-.PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test test-unit lint ping bench \
+.PHONY: help setup host-packages venv venv-next venv-torch gpu-check gpu-check-wheels testbed-up testbed-down testbed-status demo test test-unit lint ping bench metrics-targets dashboard \
         restart check stop start push rollback pve-hooks status logs throughput host-required
 
 help: ## list the targets
@@ -196,6 +196,12 @@ logs: venv ## the last LINES (50) lines of the trainer log of HOST
 
 throughput: venv ## a text chart of the tok/s of HOST's run over its log
 	@$(call guarded,$(PLAYBOOK) playbooks/throughput.yml)
+
+metrics-targets: venv ## Prometheus's target list of every trainer CT that serves metrics (docs/monitoring.md)
+	@$(call guarded,$(PLAYBOOK) playbooks/metrics_targets.yml)
+
+dashboard: venv ## build the Grafana dashboard (monitoring/grafana/dflash-runs.json) from its code
+	$(BIN)/python monitoring/grafana/dashboard.py
 
 ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
 	@$(call guarded,$(BIN)/ansible -i $(INVENTORY) 'dflash_trainers:&$(CTS)' -m ansible.builtin.ping)

@@ -18,7 +18,7 @@ from testlib import LiveTestbed, TESTBED_INVENTORY, testbed_mod
 # within a second of each other in a simulation on those figures (614 s each), as three did on the
 # figures of 2026-12-03, where a file left out (147 s) made one worker end 80 s after the others.
 LONGEST_FIRST = ("test_layout_redeploys.py", "test_faults.py", "test_gang_as_run.py", "test_gang.py",
-                 "test_controller_death.py", "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
+                 "test_controller_death.py", "test_monitoring.py", "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
                  "test_model_in_shm.py", "test_supervise.py", "test_supervise_real_trainer.py", "test_pve_hooks.py", "test_hostile_ct.py", "test_trainer_code.py", "test_canary.py", "test_settings.py",
                  "test_launch.py", "test_connection_plugin.py", "test_checkpoint_layouts.py", "test_moved_ct.py",
                  "test_stop_request.py", "test_seeded_trainer.py", "test_security.py", "test_unprivileged_ct.py")

@@ -228,6 +228,22 @@ class LiveTestbed:
         return run_tool([os.path.join(BIN, "ansible-playbook"), *args], check=check)
 
 
+class OwnTestbed:
+    """A testbed of a test module's own (make_testbed_inventory's), its CTs {host: (node, vmid)}."""
+
+    def __init__(self, inventory, cts):
+        self.inventory, self.cts = inventory, cts
+        self.bed = testbed_mod.Testbed(inventory)
+        self.live = LiveTestbed(self.bed)
+
+    def sh(self, host, command, check=True):
+        """What command prints in host's CT; an AssertionError when it fails, unless check is False."""
+        node, vmid = self.cts[host]
+        res = self.live.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}")
+        assert res.returncode == 0 or not check, f"{host}: {command}: {res.stderr}"
+        return res.stdout
+
+
 GANG = "dflash_big"
 TORCH_PYTHON = os.path.join(REPO, ".venv-torch", "bin", "python")
 

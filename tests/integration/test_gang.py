@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from testlib import GANG, GANG_MODEL, REPO, LiveTestbed, make_gang_inventory, task_ran, testbed_mod, tool_env, trainer_source
+from testlib import GANG, GANG_MODEL, REPO, OwnTestbed, make_gang_inventory, task_ran, tool_env, trainer_source
 
 STATE = "/var/lib/dflash-testbed/gang"
 # a run whose rank 0 saves alone and whose ranks take the stop request (tests 8 and 9)
@@ -42,17 +42,9 @@ CTS = {"ct400": ("gn1", 400), "ct401": ("gn2", 401)}
 CKPT = "/workspace/checkpoints"
 
 
-class Gang:
+class Gang(OwnTestbed):
     def __init__(self, inventory):
-        self.inventory = inventory
-        self.bed = testbed_mod.Testbed(inventory)
-        self.live = LiveTestbed(self.bed)
-
-    def sh(self, host, command, check=True):
-        node, vmid = CTS[host]
-        res = self.live.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}")
-        assert res.returncode == 0 or not check, f"{host}: {command}: {res.stderr}"
-        return res.stdout
+        super().__init__(inventory, CTS)
 
     def make(self, target, *extra_vars):
         return self.finish(self.start(target, *extra_vars))

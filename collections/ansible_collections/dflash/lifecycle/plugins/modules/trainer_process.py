@@ -334,6 +334,31 @@ options:
         description: The webhook's timeout; its POST runs in a process of its own and never holds a restart up.
         type: float
         default: 3
+  metrics:
+    description:
+      - The run's metrics for Prometheus, with O(lifecycle.dir) set - served over HTTP at C(/metrics) on
+        O(metrics.listen) by a process of the agent kept in O(lifecycle.dir) (C(agent.zip metrics)), which
+        this launch and each post-start of the Proxmox hook start when none serves. It outlives the run's
+        stops, so a run stopped on purpose reads as down and wanted stopped.
+      - Only counts, figures and the release, layout and launcher's names are served, never a setting.
+        Who the CT is comes from Prometheus's target labels (C(make metrics-targets)).
+      - docs/monitoring.md lists every metric, the scrape configuration and the alert rules.
+    type: dict
+    suboptions:
+      listen:
+        description: The address and port to serve on, V(HOST:PORT) (V([::]:9733) for IPv6).
+        type: str
+        required: true
+      canary_threshold_pct:
+        description:
+          - The redeploy canary's threshold (C(redeploy_canary_threshold)), served as
+            C(dflash_canary_threshold_ratio) for the throughput alert.
+        type: float
+      exposed_steps_limit:
+        description:
+          - The steps past the newest complete checkpoint that a crash may lose before it is alerted on,
+            served as C(dflash_checkpoint_exposed_steps_limit).
+        type: int
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode
@@ -701,12 +726,12 @@ log_tail:
 """
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils import leased
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, main as agent, policy
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, main as agent
 
 
 def main():
     module = leased.LeasedModule(phase="launch", argument_spec=launch_options.ARGUMENT_SPEC, supports_check_mode=True)
-    problems = policy.policy_problems(module.params["supervise"] or {})
+    problems = launch_options.problems(module.params)
     if problems:
         module.fail_json(msg="; ".join(problems) + "; nothing was stopped or started")
     try:

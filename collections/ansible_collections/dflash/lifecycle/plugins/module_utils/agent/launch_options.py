@@ -86,6 +86,11 @@ ARGUMENT_SPEC = {
     }},
     "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
     "supervise": policy.POLICY,
+    "metrics": {"type": "dict", "options": {
+        "listen": {"type": "str", "required": True},
+        "canary_threshold_pct": {"type": "float"},
+        "exposed_steps_limit": {"type": "int"},
+    }},
     "lifecycle": {"type": "dict", "options": {
         "dir": {"type": "path"},
         "gang_base": {"type": "path"},
@@ -125,12 +130,38 @@ def checked(options, where):
     if not isinstance(options, dict):
         raise InvalidLaunch(f"{where}: must be a mapping of dflash.lifecycle.trainer_process's options")
     validated = ArgumentSpecValidator(ARGUMENT_SPEC).validate(options)
-    messages = validated.error_messages or policy.policy_problems(
-        validated.validated_parameters.get("supervise") or {})
+    messages = validated.error_messages or problems(validated.validated_parameters)
     if messages:
         raise InvalidLaunch("; ".join(f"{where}: {message}" for message in messages))
     # the secret values AnsibleModule itself takes from its own validation (basic.py reads the same)
     return validated.validated_parameters, validated._no_log_values
+
+
+def split_listen(listen):
+    """(host, port) of ``HOST:PORT`` or ``[V6]:PORT``; ValueError with the reason."""
+    host, sep, port = str(listen).rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{listen!r} is not HOST:PORT (a port from 1 to 65535)")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    if not host or (":" in host and not bracketed):
+        raise ValueError(f"{listen!r} is not HOST:PORT (an IPv6 address goes in brackets: [::]:9733)")
+    return host, int(port)
+
+
+def problems(params):
+    """The lines naming each validated option that the argument spec lets through and the launch
+    refuses; [] when all hold."""
+    found = policy.policy_problems(params.get("supervise") or {})
+    listen = (params.get("metrics") or {}).get("listen")
+    if listen is not None:
+        try:
+            split_listen(listen)
+        except ValueError as err:
+            found.append(f"metrics.listen: {err}")
+        if not (params.get("lifecycle") or {}).get("dir"):
+            found.append("metrics: needs lifecycle.dir, where the metrics are read from")
+    return found
 
 
 def deferred(check_mode, release, preflight, launch):

@@ -1,7 +1,8 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The agent's entry (Python 3.8 compatible): the commands the CT's agent.zip runs - the Proxmox hook's
-phases (agent/hook.py) and ``supervise`` (agent/supervise.py) - and the launch the modules run, the
+phases (agent/hook.py), ``supervise`` (agent/supervise.py) and ``metrics`` (agent/metrics.py) - and
+the launch the modules run, the
 transaction (agent/transaction.py) whose worker, once its result is delivered, becomes the run's
 supervisor. It reaches every room of the agent, so a module that imports it carries the whole agent
 in its payload: the agent.zip a launch writes (agent/payload.py) is that payload's. The launch is
@@ -22,7 +23,16 @@ def launch(params, check_mode, warn, lease=None, unlock=False):
     raises launch_options.LaunchFailed."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import transaction
 
-    return transaction.run(params, check_mode, warn, lease, unlock, after=supervise.taking_over(params))
+    directory = (params.get("lifecycle") or {}).get("dir")
+    try:
+        return transaction.run(params, check_mode, warn, lease, unlock, after=supervise.taking_over(params))
+    finally:
+        if directory and not check_mode:  # the run's metrics, whatever became of the launch
+            from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics
+
+            problem = metrics.ensure(directory)
+            if problem:
+                warn(problem)
 
 
 def main(argv, agent=None):
@@ -39,7 +49,12 @@ def main(argv, agent=None):
         return hook.resume(directory)
     if phase == "supervise":
         return supervise.supervise(directory, agent)
+    if phase == "metrics":
+        from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics
+
+        return metrics.serve(directory)
     if phase in ("pre-start", "post-stop"):
         return 0
-    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|resume|supervise; got {phase!r}\n")
+    sys.stderr.write(f"usage: hook pre-stop [MOMENT]|post-start (pve-container's phases)|resume|supervise|metrics; "
+                     f"got {phase!r}\n")
     return 2

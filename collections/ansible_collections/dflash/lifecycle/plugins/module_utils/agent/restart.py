@@ -75,7 +75,7 @@ def stop(sup, grace=None):
     if isinstance(lease, str):
         return {"failed": True, "msg": f"not stopped: {lease} holds the CT"}
     try:
-        return staged_stop.run_in_module(options, lease=lease)
+        return staged_stop.run_in_module(options, lease=lease, record_dir=sup.directory)
     finally:
         supervision.give_lock(sup)
 
@@ -119,6 +119,7 @@ def restart(sup, end):
     missing = rounds.gone_down(sup, end)
     if missing:
         return down(sup, f"{end['cause']}; {missing}")
+    cause = end["kind"]  # what the restarts of this end are counted under, a failed relaunch's retries too
     while True:
         now = time.time()
         count, first = rounds.restarts_in_window(sup, now)
@@ -139,7 +140,7 @@ def restart(sup, end):
                 return 0
             supervision.reap()
             time.sleep(min(supervision.POLL_SECONDS, max(0.0, due - time.time())))
-        outcome = relaunch(sup, since)
+        outcome = relaunch(sup, since, cause)
         if outcome is None:
             return 0  # stood down, or exec'd into the new run's supervisor
         end = dict(outcome, at=time.time())
@@ -150,10 +151,11 @@ def restart(sup, end):
             return down(sup, f"{end['cause']}; {missing}")
 
 
-def relaunch(sup, since):
+def relaunch(sup, since, cause):
     """The run launched again (transaction.py: the redeploy's launch, resuming from the newest
     checkpoint), by this process, so the new trainer is its child; then a fresh supervisor (an
-    exec). Returns the facts of a relaunch that failed, or None once it stood down."""
+    exec). cause: the kind of end it restarts after, for the metrics' count. Returns the facts of a
+    relaunch that failed, or None once it stood down."""
     # only a relaunch compiles the launch: a supervisor that watches holds none of it
     from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import transaction
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import detached
@@ -185,7 +187,8 @@ def relaunch(sup, since):
         ends = sup.state.get("ends") or []
         if ends:
             ends[-1]["relaunch"] = f"{result.get('msg')}, resumed from {resumed}" if resumed else result.get("msg")
-        sup.save(state="relaunched", ends=ends, restarts=(sup.state.get("restarts") or 0) + 1)
+        sup.save(state="relaunched", ends=ends, restarts=(sup.state.get("restarts") or 0) + 1,
+                 restarts_by_cause=supervision.counted(sup.state.get("restarts_by_cause"), cause))
         os.execv(sys.executable, [sys.executable, sup.agent, "supervise"])
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
 

@@ -85,7 +85,13 @@ class Supervisor:
     def remember(self, end):
         """An end of the run (crash, hang, a failed relaunch, a peer's end) in the state's history."""
         history = (self.state.get("ends") or [])[-(HISTORY_KEPT - 1):] + [end]
-        self.save(ends=history, last_end=end)
+        self.save(ends=history, last_end=end, ends_by_kind=counted(self.state.get("ends_by_kind"), end["kind"]))
+
+
+def counted(counts, key):
+    """counts (a {key: n} of the state, or None) with key's one more: the metrics' counters, which
+    the history's trimmed list of ends cannot give."""
+    return dict(counts or {}, **{key: int((counts or {}).get(key) or 0) + 1})
 
 
 def subreaper():

@@ -23,7 +23,7 @@ import select
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import rollback, start
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import LaunchFailed
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, history, run_spec
 
 
 def run(params, check_mode, warn, lease=None, unlock=False, after=None):
@@ -158,6 +158,8 @@ def _steps(params, exclude, phase):
         result = start.start(params, False, done)
         if params["gang_health"]:
             _gang_launched(params, result)
+        if directory and done.get("stop"):
+            history.record_redeploy(directory, done["stop"], result)
         return result
     except LaunchFailed as err:
         if not params["rollback_on_failure"]:

@@ -17,7 +17,7 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import (
     checkpoint_formats, checkpoint_verdict, checkpoints)
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, progress, run_spec, rundir
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import (
     detached, ladder, leftovers, next_checkpoint, stop_request, stop_words, target_set, trainer_finding)
@@ -55,7 +55,7 @@ def progress_report(options, directory):
 def run(options, proc_root="/proc", check_mode=False):
     """Stop the trainer as options (a StopOptions, or the module's params) say. Returns the
     result; raises StopFailed."""
-    started, cpu_at_start = time.monotonic(), _cpu_seconds()
+    started, cpu_at_start, started_at = time.monotonic(), _cpu_seconds(), time.time()
     if not isinstance(options, StopOptions):
         options = StopOptions(options)
     if proc_root == "/proc":
@@ -63,7 +63,7 @@ def run(options, proc_root="/proc", check_mode=False):
     result = {"changed": False, "stopped": True, "stopped_by": None, "timeline": [],
               "targets": [], "other_gpu_holders": [], "survivors": [], "diagnostics": None,
               "checkpoint": None, "signal_dispositions": {}, "notes": [], "found": None,
-              "run_id": None, "ladder": options.describe_ladder()}
+              "run_id": None, "ladder": options.describe_ladder(), "started_at": started_at}
     table = proctable.snapshot(proc_root)
     try:
         main, result["found"] = trainer_finding.find_trainer(options, table, proc_root)
@@ -129,13 +129,15 @@ def run(options, proc_root="/proc", check_mode=False):
         targets.close()
         progress_file.close()
         result["cpu_s"] = round(_cpu_seconds() - cpu_at_start, 3)
+        result["duration_s"] = round(time.monotonic() - started, 3)
 
 
-def run_in_module(options, check_mode=False, lease=None):
+def run_in_module(options, check_mode=False, lease=None, record_dir=None):
     """The stop of a module call (staged_stop's, or the launch's stop_first): detached inside the
     CT when options.detach says so, so that a dropped connection does not stop it, its lease
-    (the job's lock: path, holder, ttl) kept alive while it runs. Returns the result; a stop that
-    did not end as asked has failed: True in it."""
+    (the job's lock: path, holder, ttl) kept alive while it runs. Its figures go to the CT's
+    history (ct/history.py) in record_dir, else options.lifecycle_dir. Returns the result; a stop
+    that did not end as asked has failed: True in it."""
     def stop():
         asked = options.lifecycle_dir and not check_mode
         notes = []
@@ -152,6 +154,8 @@ def run_in_module(options, check_mode=False, lease=None):
             result = dict(err.result, failed=True)
         if notes:
             result.setdefault("notes", []).extend(notes)
+        if not check_mode:
+            history.record_stop(record_dir or options.lifecycle_dir, result)
         if asked and result.get("failed") and trainer_finding.running(options.pidfile, options.pattern) is not None:
             run_spec.stand_down_cleared(options.lifecycle_dir)  # it still runs: the supervisor watches it again
         if asked and not result.get("failed"):

@@ -1,0 +1,359 @@
+"""The runs' metrics as Prometheus sees them (docs/monitoring.md): a real Prometheus - Debian's
+package - scrapes the CTs of a testbed of this module's own on their NICs, with the scrape job of
+monitoring/prometheus/prometheus.yml, the target list `make metrics-targets` writes from the
+inventory, and the alert rules of monitoring/prometheus/dflash-rules.yml. Only the intervals are
+shorter (1 s), and every rule's `for` is 0 s: the rules' timing is promtool's to test
+(tests/unit/test_monitoring_files.py), their conditions are tested here against the world.
+
+Prometheus runs in the testbed's cluster network namespace, where the CTs' NICs are (10.77.6.x);
+the test asks it through a helper process in that namespace. Nothing leaves namespaces the testbed
+made. The CTs: ct500 (privileged) and ct501 (unprivileged, as Proxmox creates one), each running the
+example trainer under its supervisor."""
+
+import json
+import os
+import shlex
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+import yaml
+
+from testlib import REPO, OwnTestbed, make_testbed_inventory, tool_env, wait_for
+
+import pct as pct_mod  # tests/testbed, on the path testlib set
+
+STATE = "/var/lib/dflash-testbed/monitoring"
+LOOPBACK = "127.77.6"
+NET = "10.77.6"
+CTS = {"ct500": ("mn1", 500, f"{NET}.10"), "ct501": ("mn1", 501, f"{NET}.11")}
+PORT = 9733
+FAULT = "/tmp/dflash-fault"  # the example trainer's DFLASH_TEST_FAULT_FILE, in each CT
+MONITORING = os.path.join(REPO, "monitoring")
+SCRAPE = os.path.join(MONITORING, "prometheus", "prometheus.yml")
+RULES = os.path.join(MONITORING, "prometheus", "dflash-rules.yml")
+DASHBOARD = os.path.join(MONITORING, "grafana", "dflash-runs.json")
+PROMETHEUS = "127.0.0.1:9090"  # the namespace's own loopback
+
+# one process in the namespace that fetches each URL it reads, one JSON line per answer
+ASKER = r"""
+import json, sys, urllib.request
+for line in sys.stdin:
+    try:
+        body = json.loads(urllib.request.urlopen(line.strip(), timeout=10).read().decode())
+    except Exception as err:
+        body = {"status": "error", "error": repr(err)}
+    sys.stdout.write(json.dumps(body) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Prometheus:
+    """The module's Prometheus, on the scrape job and rules of the repository."""
+
+    def __init__(self, workdir, netns, targets):
+        config = yaml.safe_load(open(SCRAPE, encoding="utf-8"))
+        job = config["scrape_configs"][0]
+        job.update(scrape_interval="1s", scrape_timeout="1s")
+        job["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
+        rules = yaml.safe_load(open(RULES, encoding="utf-8"))
+        for group in rules["groups"]:
+            group["interval"] = "1s"
+            for rule in group["rules"]:
+                rule.pop("for", None)
+        rules_path = workdir / "rules.yml"
+        rules_path.write_text(yaml.safe_dump(rules))
+        config["rule_files"] = [str(rules_path)]
+        config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = open(workdir / "prometheus.log", "w", encoding="utf-8")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", netns, "prometheus", f"--config.file={workdir}/prometheus.yml",
+                                      f"--storage.tsdb.path={workdir}/data", f"--web.listen-address={PROMETHEUS}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.asker = subprocess.Popen(["ip", "netns", "exec", netns, "python3", "-u", "-c", ASKER], text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.started, self.netns, self.workdir = time.time(), netns, workdir
+        wait_for("Prometheus ready", lambda: self.get("/api/v1/status/runtimeinfo").get("status") == "success", 60,
+                 lambda: open(workdir / "prometheus.log", encoding="utf-8").read()[-3000:])
+
+    def get(self, path, **params):
+        self.asker.stdin.write(f"http://{PROMETHEUS}{path}?{urllib.parse.urlencode(params)}\n")
+        self.asker.stdin.flush()
+        line = self.asker.stdout.readline()
+        return {"status": "error", "error": "no answer"} if not line else json.loads(line)
+
+    def query(self, expr):
+        answer = self.get("/api/v1/query", query=expr)
+        assert answer.get("status") == "success", (expr, answer)
+        return answer["data"]["result"]
+
+    def by_ct(self, expr):
+        """{ct: value} of an instant query."""
+        return {sample["metric"].get("ct"): float(sample["value"][1]) for sample in self.query(expr)}
+
+    def firing(self, alert):
+        """The CTs alert fires for now."""
+        return {sample["metric"].get("ct") for sample in self.query(f'ALERTS{{alertname="{alert}",alertstate="firing"}}')}
+
+    def wait(self, what, condition, timeout=120):
+        return wait_for(what, condition, timeout, lambda: json.dumps(self.get("/api/v1/alerts"))[-3000:])
+
+    def close(self):
+        for proc in (self.asker, self.proc):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.log.close()
+
+
+class Bed(OwnTestbed):
+    def __init__(self, inventory):
+        super().__init__(inventory, {host: (node, vmid) for host, (node, vmid, _address) in CTS.items()})
+
+    def make(self, target, host, extra=None):
+        args = ["make", target, f"HOST={host}", f"INVENTORY={self.inventory}"]
+        if extra:
+            args.append(f"EXTRA=-e {shlex.quote(json.dumps(extra))}")
+        res = subprocess.run(args, cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False,
+                             stdin=subprocess.DEVNULL, timeout=600)
+        assert res.returncode == 0, f"make {target} HOST={host}: {res.stdout[-5000:]}{res.stderr[-2000:]}"
+        return res
+
+    def trainer(self, host):
+        return self.sh(host, "cat /run/dflash/trainer.pid 2>/dev/null || true").split()[:1]
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory):
+    root = tmp_path_factory.mktemp("monitoring")
+    cts = {host: {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24",
+                  "metrics_target": f"{address}:{PORT}"} for host, (node, vmid, address) in CTS.items()}
+    cts["ct501"]["testbed_unprivileged"] = True
+    # a crash loop within seconds: the back-off from 1 s, left down after 2 restarts
+    settings = {"trainer_launch_supervise_backoff_s": 1, "trainer_launch_supervise_crash_loop_restarts": 2,
+                "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_FAULT_FILE": FAULT}}
+    inventory = make_testbed_inventory(str(root / "inventory"), STATE, {"mn1": f"{LOOPBACK}.1"}, cts, settings)
+    bed = Bed(inventory)
+    bed.bed.up_fresh()
+    prometheus = None
+    try:
+        netns = pct_mod.cluster_netns(STATE)
+        subprocess.run(["ip", "-n", netns, "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "-n", netns, "addr", "replace", f"{NET}.254/24", "dev", "vmbr0"], check=True)
+        seeded = bed.live.playbook("-i", inventory, os.path.join(REPO, "playbooks", "testbed_seed.yml"),
+                                   "-e", "seed_hosts=dflash_trainers", check=False)
+        assert seeded.returncode == 0, seeded.stdout[-4000:]
+        bed.make("restart", "dflash_trainers")
+        targets = root / "targets" / "dflash-trainers.json"
+        bed.make("metrics-targets", "dflash_trainers", {"metrics_targets_path": str(targets)})
+        prometheus = Prometheus(root, netns, targets)
+        yield bed, prometheus, targets
+    finally:
+        if prometheus is not None:
+            prometheus.close()
+        bed.bed.down()
+
+
+def test_1_prometheus_scrapes_every_ct_by_the_inventorys_target_list(monitored):
+    """make metrics-targets writes one entry per CT, labelled from the inventory; Prometheus scrapes
+    both CTs on their NICs and sees each run up, wanted, training, with its release and launcher."""
+    bed, prometheus, targets = monitored
+    listed = json.loads(targets.read_text())
+    assert sorted(listed, key=lambda e: e["labels"]["ct"]) == [
+        {"targets": [f"{NET}.10:{PORT}"], "labels": {"ct": "ct500", "vmid": "500", "node": "mn1"}},
+        {"targets": [f"{NET}.11:{PORT}"], "labels": {"ct": "ct501", "vmid": "501", "node": "mn1"}}], listed
+    prometheus.wait("both CTs scraped", lambda: prometheus.by_ct('up{job="dflash-trainers"}') == {"ct500": 1, "ct501": 1})
+    assert prometheus.by_ct("dflash_run_up") == {"ct500": 1, "ct501": 1}
+    assert prometheus.by_ct("dflash_run_wanted_running") == {"ct500": 1, "ct501": 1}
+    assert prometheus.by_ct("dflash_supervisor_up") == {"ct500": 1, "ct501": 1}
+    first = prometheus.by_ct("dflash_run_step")
+    prometheus.wait("the steps go on", lambda: all(v > first[ct] for ct, v in prometheus.by_ct("dflash_run_step").items()))
+    assert all(v > 0 for v in prometheus.by_ct("dflash_run_tokens_per_second").values())
+    assert all(0 < v < 20 for v in prometheus.by_ct("dflash_run_loss").values())
+    info = {s["metric"]["ct"]: s["metric"] for s in prometheus.query("dflash_run_info")}
+    for host in CTS:
+        release = bed.sh(host, "readlink /opt/dflash/current").strip().split("/")[-1]
+        assert (info[host]["release"], info[host]["launcher"], info[host]["layout"]) == (release, "python", "step_dirs"), info
+        assert info[host]["vmid"] == str(CTS[host][1]) and info[host]["node"] == "mn1"
+    # the testbed's make restart replaced the seeded run: a redeploy, its GPU idle measured
+    assert prometheus.by_ct("dflash_redeploys_total") == {"ct500": 1, "ct501": 1}
+    assert all(0 < v < 60 for v in prometheus.by_ct("dflash_redeploy_gpu_idle_seconds").values())
+
+
+def test_2_no_proxmox_hook_is_alerted_until_make_pve_hooks_sets_it(monitored):
+    bed, prometheus, _targets = monitored
+    prometheus.wait("DflashNoProxmoxHook for both", lambda: prometheus.firing("DflashNoProxmoxHook") == {"ct500", "ct501"})
+    bed.make("pve-hooks", "ct500")
+    prometheus.wait("the hook seen in ct500", lambda: prometheus.by_ct("dflash_pve_hook_present") == {"ct500": 1, "ct501": 0})
+    prometheus.wait("DflashNoProxmoxHook for ct501 alone", lambda: prometheus.firing("DflashNoProxmoxHook") == {"ct501"})
+
+
+def test_3_a_kill_9_counts_a_restart_after_a_crash_and_the_run_comes_back(monitored):
+    bed, prometheus, _targets = monitored
+    before = prometheus.by_ct('dflash_supervisor_restarts_total{cause="crash"}')["ct500"]
+    started = prometheus.by_ct("dflash_run_start_time_seconds")["ct500"]
+    pid = bed.trainer("ct500")[0]
+    bed.sh("ct500", f"kill -KILL {pid}")
+    prometheus.wait("a restart after the crash", lambda: prometheus.by_ct(
+        'dflash_supervisor_restarts_total{cause="crash"}').get("ct500") == before + 1)
+    prometheus.wait("ct500 up again, a new trainer", lambda: prometheus.by_ct("dflash_run_up").get("ct500") == 1
+                    and prometheus.by_ct("dflash_run_start_time_seconds").get("ct500", 0) > started)
+    assert prometheus.by_ct('dflash_supervisor_ends_total{kind="crash"}')["ct500"] == 1
+    assert bed.trainer("ct500")[0] != pid
+
+
+def test_4_a_hang_is_declared_alerted_and_the_run_relaunched(monitored):
+    bed, prometheus, _targets = monitored
+    bed.sh("ct500", f"echo hang > {FAULT}")
+    prometheus.wait("DflashHang", lambda: "ct500" in prometheus.firing("DflashHang"), 180)
+    assert prometheus.by_ct('dflash_supervisor_ends_total{kind="hang"}')["ct500"] == 1
+    assert prometheus.by_ct("dflash_supervisor_hang_timeout_seconds")["ct500"] >= 10
+    prometheus.wait("ct500 relaunched after the hang", lambda: prometheus.by_ct(
+        'dflash_supervisor_restarts_total{cause="hang"}').get("ct500") == 1 and prometheus.by_ct("dflash_run_up").get("ct500") == 1)
+    # the hang's stop, SIGINT first: the trainer, asleep in Python, saved
+    stop = prometheus.by_ct("dflash_last_stop_stage")
+    assert stop["ct500"] == 1 and prometheus.by_ct("dflash_last_stop_steps_lost")["ct500"] == 0
+
+
+def test_5_a_redeploy_counts_and_its_stop_is_shown(monitored):
+    bed, prometheus, _targets = monitored
+    before = prometheus.by_ct("dflash_redeploys_total")["ct500"]
+    bed.make("restart", "ct500")
+    prometheus.wait("the redeploy counted", lambda: prometheus.by_ct("dflash_redeploys_total").get("ct500") == before + 1)
+    assert prometheus.by_ct("dflash_last_stop_stage")["ct500"] == 1  # SIGINT
+    assert prometheus.by_ct("dflash_last_stop_steps_lost")["ct500"] == 0
+    assert prometheus.by_ct("dflash_last_stop_failed")["ct500"] == 0
+    assert 0 < prometheus.by_ct("dflash_last_stop_duration_seconds")["ct500"] < 60
+    # a job's launch counts afresh: the restarts of the run it replaced are not the new run's
+    prometheus.wait("the new run's supervisor, counting afresh", lambda: prometheus.by_ct(
+        "sum by (ct) (dflash_supervisor_restarts_total)").get("ct500") == 0)
+
+
+def test_6_after_make_stop_the_run_is_down_and_wanted_stopped_and_no_alert_says_otherwise(monitored):
+    bed, prometheus, _targets = monitored
+    bed.make("stop", "ct501")
+    prometheus.wait("ct501 down and wanted stopped", lambda: prometheus.by_ct("dflash_run_up").get("ct501") == 0
+                    and prometheus.by_ct("dflash_run_wanted_running").get("ct501") == 0)
+    assert prometheus.by_ct('up{job="dflash-trainers"}')["ct501"] == 1  # its metrics outlive the run
+    # several evaluations of every rule, each of which would fire at once
+    evaluated = time.time()
+    prometheus.wait("5 s of evaluations", lambda: time.time() - evaluated > 5)
+    assert "ct501" not in prometheus.firing("DflashRunDown")
+    assert "ct501" not in prometheus.firing("DflashSupervisorGone")
+    assert "ct501" not in prometheus.firing("DflashCrashLoop")
+    assert prometheus.by_ct("dflash_supervisor_state == 1")["ct501"] == 1  # stood down, said as such
+    assert prometheus.query('dflash_supervisor_state{ct="ct501"} == 1')[0]["metric"]["state"] == "stood_down"
+
+
+def test_7_a_crash_at_every_start_fires_the_crash_loop_and_run_down_alerts(monitored):
+    bed, prometheus, _targets = monitored
+    bed.make("start", "ct501")
+    prometheus.wait("ct501 up again", lambda: prometheus.by_ct("dflash_run_up").get("ct501") == 1)
+    bed.sh("ct501", f"echo crash-at-start > {FAULT}")
+    bed.sh("ct501", f"kill -KILL {bed.trainer('ct501')[0]}")
+    try:
+        prometheus.wait("DflashCrashLoop for ct501", lambda: "ct501" in prometheus.firing("DflashCrashLoop"), 180)
+        prometheus.wait("the supervisor gave up", lambda: prometheus.query(
+            'dflash_supervisor_state{ct="ct501",state="down"} == 1'), 180)
+        assert "ct501" in prometheus.firing("DflashRunDown")
+        assert "ct500" not in prometheus.firing("DflashCrashLoop") | prometheus.firing("DflashRunDown")
+    finally:
+        bed.sh("ct501", f"rm -f {FAULT}")
+
+
+def dashboard_queries():
+    """Every query of the dashboard - its panels' targets and its annotations - as Prometheus takes
+    it: every CT chosen ($ct: All), Grafana's rate interval 1m."""
+    board = json.load(open(DASHBOARD, encoding="utf-8"))
+    found = [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel.get("targets", [])]
+    found += [(f"annotation {a['name']}", a["expr"]) for a in board["annotations"]["list"]]
+    return [(title, expr.replace("$ct", ".*").replace("$__rate_interval", "1m")) for title, expr in found]
+
+
+def test_8_every_query_of_the_dashboard_returns_data(monitored):
+    """Over the module's run, as Grafana asks (a range query), each query returns series: the runs,
+    their throughput, steps and loss, the steps exposed, the restarts, the stops and redeploys."""
+    _bed, prometheus, _targets = monitored
+    queries = dashboard_queries()
+    assert len(queries) >= 15, queries
+    empty = []
+    for title, expr in queries:
+        answer = prometheus.get("/api/v1/query_range", query=expr, start=prometheus.started, end=time.time(), step="2s")
+        assert answer.get("status") == "success", (title, expr, answer)
+        if not answer["data"]["result"]:
+            empty.append((title, expr))
+    assert not empty, empty
+    # the CT variable's label_values(dflash_run_up, ct)
+    values = prometheus.get("/api/v1/label/ct/values", **{"match[]": "dflash_run_up"})
+    assert values["data"] == ["ct500", "ct501"], values
+    # and the alerts fire where they should, nowhere else: ct501's crash loop has it down though wanted, it
+    # has no hook, and ct500's hang was declared within 15 minutes (the throughput alert is left out:
+    # the example trainer's figure moves with the machine's load, as a real regression would)
+    firing = {(s["metric"]["alertname"], s["metric"]["ct"]) for s in prometheus.query('ALERTS{alertstate="firing"}')}
+    assert firing - {("DflashThroughputRegression", "ct500"), ("DflashThroughputRegression", "ct501")} == {
+        ("DflashCrashLoop", "ct501"), ("DflashRunDown", "ct501"), ("DflashNoProxmoxHook", "ct501"),
+        ("DflashHang", "ct500")}, firing
+    if os.environ.get("DFLASH_MONITORING_SCREENSHOTS"):
+        screenshots(prometheus, os.environ["DFLASH_MONITORING_SCREENSHOTS"])
+
+
+def screenshots(prometheus, directory):
+    """docs/monitoring.md's pictures: Prometheus's own graph and alerts pages, in Debian's chromium
+    (headless, in the namespace, no network of its own beyond it)."""
+    minutes = int((time.time() - prometheus.started) / 60) + 1
+    graph = urllib.parse.urlencode({"g0.expr": "dflash_run_tokens_per_second", "g0.tab": "0",
+                                    "g0.range_input": f"{minutes}m", "g0.stacked": "0", "g0.show_exemplars": "0"})
+    for name, page in (("monitoring-tokens.png", f"graph?{graph}"), ("monitoring-alerts.png", "classic/alerts")):
+        subprocess.run(["ip", "netns", "exec", prometheus.netns, "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                        "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                        "--disable-sync", f"--user-data-dir={prometheus.workdir}/chromium", "--hide-scrollbars",
+                        "--window-size=1400,900", "--virtual-time-budget=8000",
+                        f"--screenshot={os.path.join(os.path.abspath(directory), name)}", f"http://{PROMETHEUS}/{page}"],
+                       check=True, capture_output=True, timeout=120)
+
+
+HOSTILE = r"""
+import http.server, sys
+body = sys.argv[1].replace("\\n", "\n").encode()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", 9733), Handler).serve_forever()
+"""
+
+
+def serve_in_ct501(bed, body, before=None):
+    """ct501's root ends its metrics process (or the server of before, a PID) and serves body on the
+    metrics port instead; returns the PID of its server."""
+    found = bed.sh("ct501", "cat /var/lib/dflash/lifecycle/metrics.pid 2>/dev/null || true").split()
+    for pid in ([found[0]] if found else []) + ([before] if before else []):
+        bed.sh("ct501", f"kill {pid}; while kill -0 {pid} 2> /dev/null; do sleep 0.1; done", check=False)
+    bed.sh("ct501", "rm -f /var/lib/dflash/lifecycle/metrics.pid")
+    return bed.sh("ct501", f"python3 -c {shlex.quote(HOSTILE)} {shlex.quote(body)} > /dev/null 2>&1 & echo $!").strip()
+
+
+def test_9_a_ct_that_serves_another_cts_labels_or_too_much_speaks_only_for_itself(monitored):
+    """ct501's root serves metrics that claim to be ct500's: they stay ct501's (honor_labels: false,
+    the CT's own labels renamed exported_*), and ct500's run is still up. Serving more samples than
+    the job's sample_limit fails the scrape: DflashMetricsDown's condition, and nothing stored."""
+    bed, prometheus, _targets = monitored
+    server = serve_in_ct501(bed, 'dflash_run_up{ct="ct500",vmid="500",node="mn1"} 0\\n')
+    prometheus.wait("ct501's lie scraped", lambda: prometheus.query('dflash_run_up{exported_ct="ct500"}'))
+    lie = prometheus.query('dflash_run_up{exported_ct="ct500"}')
+    assert [(s["metric"]["ct"], s["metric"]["vmid"], s["value"][1]) for s in lie] == [("ct501", "501", "0")], lie
+    assert prometheus.by_ct('dflash_run_up{exported_ct=""}').get("ct500") == 1
+    flood = "\\n".join(f"dflash_run_step{{rank=\"{i}\"}} {i}" for i in range(600)) + "\\n"
+    server = serve_in_ct501(bed, flood, server)
+    prometheus.wait("ct501's scrape failed by its sample limit", lambda: prometheus.by_ct(
+        'up{job="dflash-trainers"}') == {"ct500": 1, "ct501": 0})
+    assert not prometheus.query('dflash_run_step{ct="ct501",rank!=""}')
+    bed.sh("ct501", f"kill {server}")
