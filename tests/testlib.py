@@ -306,8 +306,9 @@ def supervised_run(testbed, node, vmid, host, settings, wipe):
 
 
 def wait_for(what, condition, timeout=120, said=lambda: ""):
-    """condition()'s first true value, asked every 0.3 s; AssertionError naming what (and what said()
-    tells then) when none came within timeout seconds."""
+    """condition()'s first true value, asked every second (a condition is mostly a `pct exec`: ssh,
+    pct, lxc-attach and a shell, about 0.15 s of CPU the tests share); AssertionError naming what
+    (and what said() tells then) when none came within timeout seconds."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -315,5 +316,5 @@ def wait_for(what, condition, timeout=120, said=lambda: ""):
         found = condition()
         if found:
             return found
-        time.sleep(0.3)
+        time.sleep(1.0)
     raise AssertionError(f"{what}: not within {timeout} s\n{said()}")

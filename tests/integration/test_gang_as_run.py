@@ -155,7 +155,7 @@ def test_5_a_rank_blocked_in_a_collective_brings_the_whole_gang_back_from_its_ne
     deadline = time.monotonic() + 60
     while not ((gang.supervisor("ct400").get("learned") or {}).get("timeout_s") and "step_" in gang.sh("ct400", f"ls {CKPT}")):
         assert time.monotonic() < deadline, "no learned hang timeout and checkpoint on ct400"
-        time.sleep(0.5)
+        time.sleep(1.0)
     gang.sh("ct401", f"echo hang-in-c > {fault}")
     states = gang.back_whole(old, rounds)
     hung = states["ct400"]["ends"][-1]

@@ -41,8 +41,8 @@ def lifecycle(tmp_path):
     spec = {"version": 1, "wanted": "running", "release": "r1", "launch": {
         "pidfile": str(run / "trainer.pid"), "log_file": str(tmp_path / "train.log"), "health_timeout": 60,
         "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_format": "step_dirs",
-        "supervise": {"hang_floor_s": 10, "hang_factor": 3}, "metrics": {"listen": "127.0.0.1:0", "canary_threshold_pct": -5,
-                                                                 "exposed_steps_limit": 1000}}}
+        "supervise": {"hang_floor_s": 10, "hang_factor": 3},
+        "metrics": {"listen": "127.0.0.1:0", "canary_threshold_pct": -5, "exposed_steps_limit": 1000}}}
     write(str(directory / "run.json"), spec)
     yield directory
     sleeper.kill()
