@@ -179,8 +179,11 @@ def test_1_prometheus_scrapes_every_ct_by_the_inventorys_target_list(monitored):
         release = bed.sh(host, "readlink /opt/dflash/current").strip().split("/")[-1]
         assert (info[host]["release"], info[host]["launcher"], info[host]["layout"]) == (release, "python", "step_dirs"), info
         assert info[host]["vmid"] == str(CTS[host][1]) and info[host]["node"] == "mn1"
-    # the testbed's make restart replaced the seeded run: a redeploy, its GPU idle measured
+    # the testbed's make restart replaced the seeded run: a redeploy, its GPU idle measured, its stop
+    # (the first in the CT: no launch of ours had kept anything there) at SIGINT, nothing lost
     assert prometheus.by_ct("dflash_redeploys_total") == {"ct500": 1, "ct501": 1}
+    assert prometheus.by_ct("dflash_last_stop_stage") == {"ct500": 1, "ct501": 1}
+    assert prometheus.by_ct("dflash_last_stop_steps_lost") == {"ct500": 0, "ct501": 0}
     assert all(0 < v < 60 for v in prometheus.by_ct("dflash_redeploy_gpu_idle_seconds").values())
 
 

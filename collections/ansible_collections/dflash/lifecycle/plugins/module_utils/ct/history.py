@@ -22,7 +22,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
 
 
 def path_of(directory):
@@ -39,7 +39,11 @@ def read(directory):
 
 
 def _update(directory, change):
-    if not directory or not os.path.isdir(directory):
+    if not directory:
+        return
+    try:  # a CT's first redeploy stops a run no launch of ours kept anything for: its stop counts too
+        secure_dir(directory)
+    except (OSError, UnsafePath):
         return
     record = read(directory)
     change(record)

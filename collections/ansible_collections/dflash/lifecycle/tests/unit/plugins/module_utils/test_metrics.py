@@ -182,6 +182,9 @@ def test_a_stop_a_redeploy_and_the_hooks_start_are_kept(tmp_path):
     history.record_post_start(directory)
     assert time.time() - history.read(directory)["post_start_at"] < 5
     assert set(history.read(directory)) == {"stop", "redeploys", "post_start_at"}
+    # a directory no launch made yet (a CT's first redeploy stops a run started by hand) is made for it
+    history.record_stop(str(tmp_path / "lifecycle"), stop)
+    assert history.read(str(tmp_path / "lifecycle"))["stop"]["stage"] == 1
 
 
 def test_ensure_starts_the_exporter_and_replaces_one_on_another_address(lifecycle):
