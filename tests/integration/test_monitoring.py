@@ -264,6 +264,16 @@ def test_7_a_crash_at_every_start_fires_the_crash_loop_and_run_down_alerts(monit
             'dflash_supervisor_state{ct="ct501",state="down"} == 1'), 180)
         assert "ct501" in prometheus.firing("DflashRunDown")
         assert "ct500" not in prometheus.firing("DflashCrashLoop") | prometheus.firing("DflashRunDown")
+        # a redeploy that fails the same way: its stop marks the run stopped, its launch fails and
+        # leaves it down; no one wanted that, so the run stays wanted and the run-down alert holds
+        failed = subprocess.run(["make", "restart", "HOST=ct501", f"INVENTORY={bed.inventory}"], cwd=REPO, env=tool_env(),
+                                capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=600)
+        assert failed.returncode != 0, failed.stdout[-3000:]
+        assert json.loads(bed.sh("ct501", "cat /var/lib/dflash/lifecycle/run.json"))["left_down"]["why"], failed.stdout[-3000:]
+        evaluated = time.time()
+        prometheus.wait("3 s of evaluations after the failed redeploy", lambda: time.time() - evaluated > 3)
+        assert prometheus.by_ct("dflash_run_wanted_running")["ct501"] == 1
+        assert "ct501" in prometheus.firing("DflashRunDown")
     finally:
         bed.sh("ct501", f"rm -f {FAULT}")
 

@@ -53,7 +53,8 @@ ACTIVE = ("watching", "backing_off", "relaunching", "relaunched", "stopping", "h
 METRICS = (
     ("dflash_run_info", "gauge", "The run's release, checkpoint layout and launcher (value 1)."),
     ("dflash_run_up", "gauge", "1 while the trainer of the run's pidfile runs."),
-    ("dflash_run_wanted_running", "gauge", "1 when the run is wanted running, 0 when it was stopped on purpose."),
+    ("dflash_run_wanted_running", "gauge",
+     "1 when the run is wanted running (a run a failed job left down included), 0 when it was stopped on purpose."),
     ("dflash_run_supervised", "gauge", "1 when the run was launched with a supervisor."),
     ("dflash_run_start_time_seconds", "gauge", "When the running trainer started."),
     ("dflash_run_step", "gauge", "The step of the last progress line."),
@@ -201,7 +202,8 @@ class Collector:
             add("dflash_run_info", 1, release=str(spec.get("release") or ""), layout=str(found.get("layout") or ""),
                 launcher=(trainer or {}).get("launcher") or "")
             add("dflash_run_up", trainer is not None)
-            add("dflash_run_wanted_running", spec.get("wanted") == "running")
+            # a run a failed job left down is not one someone wanted stopped (run_spec.left_down)
+            add("dflash_run_wanted_running", spec.get("wanted") == "running" or bool(spec.get("left_down")))
             add("dflash_run_supervised", policy.policy_of(launch) is not None)
         add("dflash_run_start_time_seconds", (trainer or {}).get("started"))
         if launch.get("log_file"):

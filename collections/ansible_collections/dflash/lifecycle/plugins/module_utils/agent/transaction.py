@@ -109,11 +109,21 @@ def _transaction(params, exclude, lease):
         result = _steps(params, exclude, phase)
     except LaunchFailed as err:
         result = dict(err.details, failed=True, msg=err.msg)
+    running = _running_words(params)
     try:
-        change_record.end(record, result.get("failed"), outcome_words(result, _running_words(params)))
+        change_record.end(record, result.get("failed"), outcome_words(result, running))
     except OSError:
         pass
+    directory = (params.get("lifecycle") or {}).get("dir")
+    if result.get("failed") and running == LEFT_DOWN and directory:
+        try:  # a failure no one wanted: the run's metrics say it is down though wanted
+            run_spec.left_down(directory, lease[1] if lease else "a relaunch", (result.get("msg") or "").splitlines()[0][:400])
+        except OSError:
+            pass
     return result
+
+
+LEFT_DOWN = "NO TRAINER IS RUNNING"
 
 
 def _running_words(params):
@@ -121,7 +131,7 @@ def _running_words(params):
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
 
     running = trainer_finding.running(params["pidfile"], params["pattern"])
-    return f"trainer PID {running.pid} runs" if running is not None else "NO TRAINER IS RUNNING"
+    return f"trainer PID {running.pid} runs" if running is not None else LEFT_DOWN
 
 
 def _steps(params, exclude, phase):

@@ -186,11 +186,25 @@ def stood_down(directory, since):
 
 def mark(directory, wanted, by, **fields):
     """Record what is wanted of the run now (running, stopped) and why; nothing when the CT has no
-    spec. Raises OSError only."""
+    spec. A wish someone states supersedes a job's failure (left_down). Raises OSError only."""
     spec = read(directory)
     if spec is None:
         return None
+    spec.pop("left_down", None)
     spec.update(fields, wanted=wanted, wanted_by=by, wanted_at=time.time())
+    _write(directory, spec)
+    return spec
+
+
+def left_down(directory, by, why):
+    """A launch that failed and left no trainer running: the run stays as wanted as its spec says
+    for the Proxmox hook (a CT start does not relaunch what just failed), but no one wanted it down -
+    its metrics count it as wanted running, so that the run-down alert fires. Nothing when the CT
+    has no spec. Raises OSError only."""
+    spec = read(directory)
+    if spec is None:
+        return None
+    spec["left_down"] = {"by": by, "at": time.time(), "why": why}
     _write(directory, spec)
     return spec
 

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, metrics
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, run_spec
 
 
 def write(path, data):
@@ -113,6 +113,18 @@ def test_a_stopped_run_is_down_and_wanted_stopped(lifecycle):
     found = served(metrics.Collector(str(lifecycle)).render())
     assert one(found, "dflash_run_up") == 0 and one(found, "dflash_run_wanted_running") == 0
     assert one(found, "dflash_run_info", release="r1", layout="step_dirs", launcher="") == 1
+
+
+def test_a_run_a_failed_job_left_down_is_still_wanted_until_someone_stops_it(lifecycle):
+    spec = json.loads((lifecycle / "run.json").read_text())
+    os.unlink(spec["launch"]["pidfile"])
+    write(str(lifecycle / "run.json"), dict(spec, wanted="stopped", wanted_by="the stop of job 7"))
+    run_spec.left_down(str(lifecycle), "job 7", "the new run crashed at start")
+    assert run_spec.read(str(lifecycle))["wanted"] == "stopped"  # the Proxmox hook relaunches nothing
+    assert one(served(metrics.Collector(str(lifecycle)).render()), "dflash_run_wanted_running") == 1
+    run_spec.mark(str(lifecycle), "stopped", "the stop of make stop")
+    assert "left_down" not in run_spec.read(str(lifecycle))
+    assert one(served(metrics.Collector(str(lifecycle)).render()), "dflash_run_wanted_running") == 0
 
 
 def test_the_supervisors_state_counts_and_hang_timeout(lifecycle):
