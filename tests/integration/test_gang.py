@@ -316,9 +316,12 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
         if job.poll() is None:
             os.killpg(job.pid, 9)
             job.wait()
-    for host, (node, vmid) in CTS.items():  # the forks that ran the task outlive the group and tell the CTs
-        gang.live.wait_in_ct(node, vmid, "! test -e /run/dflash/launch.worker && grep -q '\"controller\": \"gone\"' "
-                             "/var/lib/dflash/last-change.json", 300, f"{host}'s worker to end, told its controller is gone")
+    try:
+        for host, (node, vmid) in CTS.items():  # the forks that ran the task outlive the group and tell the CTs
+            gang.live.wait_in_ct(node, vmid, "! test -e /run/dflash/launch.worker && grep -q '\"controller\": \"gone\"' "
+                                 "/var/lib/dflash/last-change.json", 300, f"{host}'s worker to end, told its controller is gone")
+    finally:
+        end_own_forks(release)
     releases = set()
     for host in CTS:
         record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
@@ -330,6 +333,23 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
     assert len(releases) == 1 and "after a dead controller" in gang.sh(
         "ct400", "cat /opt/dflash/current/train_dflash_pipeline.py")
     assert "resumed from /workspace/checkpoints/step_" in gang.sh("ct400", "cat /workspace/logs/train.log")
+
+
+def end_own_forks(release):
+    """The forks of this test's own job that outlived its group (a session of their own; seen asleep
+    long after the test), ended by PID: the processes whose command line names the release only this
+    test made."""
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                mine = str(release).encode() in handle.read()
+        except OSError:
+            continue
+        if mine and pid != os.getpid():
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
 
 
 def relaunched_since(gang, host, since, timeout=300):
