@@ -256,7 +256,7 @@ def _resume(directory, phase):
             pass
 
 
-def post_start(directory, argv0):
+def post_start(directory):
     """Leave the relaunch to a detached process and return at once: Proxmox's start task waits
     for its hookscript. Returns the exit status."""
     spec = run_spec.read(directory)
@@ -270,21 +270,10 @@ def post_start(directory, argv0):
     if spec.get("wanted") != "running":
         say("post-start", _stays_stopped(spec))
         return 0
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import payload
+
+    payload.run_detached(directory, "resume", "resume.log")
     log = os.path.join(directory, "resume.log")
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setsid()
-            if os.fork() == 0:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.execv(sys.executable, [sys.executable, argv0, "resume"])
-        finally:
-            os._exit(0)
-    os.waitpid(child, 0)
     say("post-start", f"the relaunch of release {spec.get('release') or '(current)'} goes on detached in the CT "
                       f"(its log: {log}; its outcome: make status, last_change)")
     return 0

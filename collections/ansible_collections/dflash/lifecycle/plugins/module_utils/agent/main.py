@@ -44,7 +44,7 @@ def main(argv, agent=None):
     if phase == "pre-stop":
         return hook.pre_stop(directory, float(argv[1]) if len(argv) > 1 and argv[1] else None)
     if phase == "post-start":
-        return hook.post_start(directory, agent)
+        return hook.post_start(directory)
     if phase == "resume":
         return hook.resume(directory)
     if phase == "supervise":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import zipfile
 import zlib
 
@@ -98,3 +99,25 @@ def write_agent(directory):
         handle.write(data)
     os.rename(tmp, path)
     return True
+
+
+def run_detached(directory, command, log_name, env=None):
+    """``agent.zip <command>`` of directory, detached from its caller: a session of its own,
+    reparented to the CT's init, stdin on /dev/null, its output appended to log_name in directory;
+    env: its whole environment (None: the caller's). Returns once it is on its own."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                log = os.open(os.path.join(directory, log_name), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.chdir("/")
+                os.execve(sys.executable, [sys.executable, os.path.join(directory, "agent.zip"), command],
+                          os.environ if env is None else env)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)

@@ -134,7 +134,7 @@ def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys
     directory = launched(tmp_path)
     run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
     assert hook.pre_stop(directory) == 0
-    assert hook.post_start(directory, os.path.join(directory, "agent.zip")) == 0
+    assert hook.post_start(directory) == 0
     out = capsys.readouterr().out
     assert out.count("the run was stopped on purpose (the stop of root@vm ansible-playbook pid 7 at ") == 2
     assert not os.path.exists(os.path.join(directory, "resume.log"))  # nothing was started
