@@ -16,7 +16,7 @@ import signal
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_mapping, write_atomic
 
 
 # the launch's supervise option (trainer_process's); RULES bound the numbers
@@ -106,11 +106,7 @@ def state_path(directory):
 
 
 def read_state(directory):
-    try:
-        state = read_json(state_path(directory))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
+    return read_mapping(state_path(directory))
 
 
 def words(directory, now=None):

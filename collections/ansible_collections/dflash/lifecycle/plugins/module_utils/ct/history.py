@@ -22,7 +22,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_mapping, secure_dir, write_atomic
 
 
 def path_of(directory):
@@ -31,11 +31,7 @@ def path_of(directory):
 
 def read(directory):
     """The record (a dict, {} when there is none or it is unreadable)."""
-    try:
-        found = read_json(path_of(directory))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
+    return read_mapping(path_of(directory)) or {}
 
 
 def _update(directory, change):
@@ -98,8 +94,4 @@ def record_post_start(directory):
 
 def hook_marker(directory):
     """What ``make pve-hooks`` last did to the CT's hookscript ({installed, set_at}), or None."""
-    try:
-        found = read_json(os.path.join(directory, "pve-hook.json"))
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
+    return read_mapping(os.path.join(directory, "pve-hook.json"))

@@ -30,7 +30,7 @@ import sys
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_mapping, secure_dir, write_atomic
 
 DEFAULT_DIR = "/var/lib/dflash/lifecycle"
 VERSION = 1
@@ -54,11 +54,8 @@ def spec_path(directory):
 
 def read(directory):
     """The spec, or None when the CT has none (no launch by this collection yet) or it cannot be read."""
-    try:
-        spec = read_json(spec_path(directory))
-    except (OSError, ValueError):
-        return None
-    return spec if isinstance(spec, dict) and spec.get("version") == VERSION else None
+    spec = read_mapping(spec_path(directory))
+    return spec if spec is not None and spec.get("version") == VERSION else None
 
 
 def _write(directory, spec):
@@ -177,11 +174,8 @@ def stand_down_cleared(directory):
 
 def stood_down(directory, since):
     """The stop asked for since epoch since (the trainer's start), or None."""
-    try:
-        marker = read_json(stand_down_path(directory))
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) and (marker.get("at") or 0) >= since else None
+    marker = read_mapping(stand_down_path(directory))
+    return marker if marker is not None and (marker.get("at") or 0) >= since else None
 
 
 def mark(directory, wanted, by, **fields):

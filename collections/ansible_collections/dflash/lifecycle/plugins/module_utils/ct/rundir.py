@@ -130,3 +130,13 @@ def read_json(path):
         return None
     with os.fdopen(fd) as handle:
         return json.load(handle)
+
+
+def read_mapping(path):
+    """The JSON mapping in path, or None when it is missing, unreadable, not JSON or not a mapping:
+    a record the CT keeps, which a reader takes as absent rather than fail on."""
+    try:
+        found = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
