@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, progress, run_spec, rundir
@@ -190,13 +190,7 @@ class Collector:
             if value is not None:
                 out.append((name, labels, float(value)))
 
-        entry = None
-        if launch.get("pidfile"):
-            try:
-                entry = rundir.read_pidfile(launch["pidfile"])
-            except (OSError, ValueError):
-                entry = None
-        trainer = self._trainer_facts(entry) if entry is not None and entry.starttime is not None else None
+        trainer = self._trainer_facts(supervision.read_pidfile(launch["pidfile"]) if launch.get("pidfile") else None)
         found = self._checkpoint_facts(launch, now)
         if spec:
             add("dflash_run_info", 1, release=str(spec.get("release") or ""), layout=str(found.get("layout") or ""),
@@ -401,7 +395,10 @@ def ensure(directory, wait_s=3.0):
             time.sleep(0.05)
     if listen and os.path.exists(os.path.join(directory, "agent.zip")):
         try:
-            _spawn(directory)
+            from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import payload
+
+            # no inherited environment: it never carries the run's id, so no stop takes it for the run's
+            payload.run_detached(directory, "metrics", LOG, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
         except OSError as err:
             return f"the metrics on {listen} could not be started: {err}"
         deadline = time.monotonic() + wait_s
@@ -422,24 +419,3 @@ def _last_line(path):
     except OSError:
         lines = []
     return lines[-1] if lines else f"no word from it in {path}"
-
-
-def _spawn(directory):
-    """``agent.zip metrics``, detached (its own session, no inherited environment: it never carries
-    the run's id, so no stop takes it for the run's), its output in metrics.log."""
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setsid()
-            if os.fork() == 0:
-                fd = os.open(os.path.join(directory, LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.chdir("/")
-                os.execve(sys.executable, [sys.executable, os.path.join(directory, "agent.zip"), "metrics"],
-                          {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
-        finally:
-            os._exit(0)
-    os.waitpid(child, 0)

@@ -109,29 +109,21 @@ def _transaction(params, exclude, lease):
         result = _steps(params, exclude, phase)
     except LaunchFailed as err:
         result = dict(err.details, failed=True, msg=err.msg)
-    running = _running_words(params)
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
+
+    running = trainer_finding.running(params["pidfile"], params["pattern"])  # read from the CT, never inferred
     try:
-        change_record.end(record, result.get("failed"), outcome_words(result, running))
+        change_record.end(record, result.get("failed"), outcome_words(
+            result, f"trainer PID {running.pid} runs" if running is not None else "NO TRAINER IS RUNNING"))
     except OSError:
         pass
     directory = (params.get("lifecycle") or {}).get("dir")
-    if result.get("failed") and running == LEFT_DOWN and directory:
+    if result.get("failed") and running is None and directory:
         try:  # a failure no one wanted: the run's metrics say it is down though wanted
             run_spec.left_down(directory, lease[1] if lease else "a relaunch", (result.get("msg") or "").splitlines()[0][:400])
         except OSError:
             pass
     return result
-
-
-LEFT_DOWN = "NO TRAINER IS RUNNING"
-
-
-def _running_words(params):
-    """What runs now, read from the CT (never inferred from the steps)."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import trainer_finding
-
-    running = trainer_finding.running(params["pidfile"], params["pattern"])
-    return f"trainer PID {running.pid} runs" if running is not None else LEFT_DOWN
 
 
 def _steps(params, exclude, phase):
