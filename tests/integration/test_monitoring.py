@@ -74,8 +74,12 @@ class Prometheus:
         self.asker = subprocess.Popen(["ip", "netns", "exec", netns, "python3", "-u", "-c", ASKER], text=True,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.started, self.netns, self.workdir = time.time(), netns, workdir
-        wait_for("Prometheus ready", lambda: self.get("/api/v1/status/runtimeinfo").get("status") == "success", 60,
-                 lambda: open(workdir / "prometheus.log", encoding="utf-8").read()[-3000:])
+        try:
+            wait_for("Prometheus ready", lambda: self.get("/api/v1/status/runtimeinfo").get("status") == "success", 60,
+                     lambda: open(workdir / "prometheus.log", encoding="utf-8").read()[-3000:])
+        except BaseException:
+            self.close()  # the fixture never holds a Prometheus that did not start: end ours here
+            raise
 
     def get(self, path, **params):
         self.asker.stdin.write(f"http://{PROMETHEUS}{path}?{urllib.parse.urlencode(params)}\n")
