@@ -19,17 +19,32 @@ used; entries under other keys are pruned but for the newest few (another checko
 shares the store). A store that is not the user's own or that others can write is not read, and
 an error of the file system (a file gone while it is read, a full disk) is a cache miss, never a
 failed task: ansible-core then builds the payload itself, as it always did.
+
+A stored payload also carries bytecode: beside each Python file of the zip, its ``.pyc``,
+compiled by the controller's Python as a checked-hash pyc (PEP 552). In the CT, AnsiballZ imports
+the payload with zipimport, which compiles every source it imports, every call (zipimport never
+writes bytecode), and which takes a ``.pyc`` first only when its magic number is the CT's Python
+version and its hash is that of the source beside it: a CT of another Python version compiles the
+sources as before, and no ``.pyc`` stands for another text than its own source.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import functools
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
+import pickle
 import shutil
 import stat
 import sys
 import tempfile
+import zipfile
 
 from ansible import constants as C
 from ansible import release
@@ -84,17 +99,69 @@ def _own_directory(path):
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _copy_atomically(source, target):
-    """A reader of target sees the whole file or none (ansible-core's workers read it unlocked)."""
+def _write_atomically(target, write):
+    """write(path) made into target so that a reader sees the whole file or none (ansible-core's
+    workers read it unlocked)."""
     handle, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".part-")
     os.close(handle)
     try:
-        shutil.copyfile(source, temporary)
+        write(temporary)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def pyc_of(source, name):
+    """The checked-hash pyc (PEP 552) of a module's source, as importlib writes one: zipimport
+    takes it only on a Python of this magic number and with this source beside it."""
+    code = compile(source, name, "exec", dont_inherit=True)
+    return importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little") + importlib.util.source_hash(source) \
+        + marshal.dumps(code)
+
+
+def with_bytecode(zip_data):
+    """An AnsiballZ zip (base64, as the cache entry holds it) with a .pyc beside each .py; None when
+    it has bytecode already or a source does not compile here (the payload is then kept as it is)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data))) as payload, \
+            zipfile.ZipFile(buffer, "w") as out:
+        names = set(payload.namelist())
+        for info in payload.infolist():
+            data = payload.read(info)
+            out.writestr(info, data)
+            if info.filename.endswith(".py"):
+                if info.filename + "c" in names:
+                    return None
+                try:
+                    pyc = pyc_of(data, info.filename)
+                except (SyntaxError, ValueError):
+                    return None
+                compiled = zipfile.ZipInfo(info.filename + "c", info.date_time)
+                compiled.compress_type = info.compress_type
+                out.writestr(compiled, pyc)
+    return base64.b64encode(buffer.getvalue())
+
+
+def _pickle_to(value, path):
+    """value written to path as module_common._CachedModule.dump writes a cache entry."""
+    with open(path, "wb") as out:
+        pickle.dump(value, out)
+
+
+def _store_with_bytecode(source, target):
+    """The cache entry source, its payload given bytecode, at target, whole or not at all; copied as
+    it is when ansible-core's entry is not the one this code knows (module_common._CachedModule)."""
+    try:
+        entry = module_common._CachedModule.load(source)  # pylint: disable=protected-access
+        zip_data = with_bytecode(entry.zip_data)
+    except (AttributeError, TypeError, ValueError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError):
+        zip_data = None
+    if zip_data is None:
+        _write_atomically(target, functools.partial(shutil.copyfile, source))
+    else:
+        _write_atomically(target, functools.partial(_pickle_to, dataclasses.replace(entry, zip_data=zip_data)))
 
 
 def _entries(directory, module):
@@ -116,7 +183,7 @@ def restore(module):
         have = set(os.listdir(cache))
         for name in _entries(stored, module):
             if name not in have:
-                _copy_atomically(os.path.join(stored, name), os.path.join(cache, name))
+                _write_atomically(os.path.join(cache, name), functools.partial(shutil.copyfile, os.path.join(stored, name)))
         os.utime(stored)  # the newest fingerprints are the ones kept
     except OSError:
         return
@@ -132,7 +199,7 @@ def keep(module):
         have = set(os.listdir(stored))
         new = [name for name in _entries(cache, module) if name not in have]
         for name in new:
-            _copy_atomically(os.path.join(cache, name), os.path.join(stored, name))
+            _store_with_bytecode(os.path.join(cache, name), os.path.join(stored, name))
         if new:
             keys = sorted((entry for entry in os.scandir(root) if entry.is_dir(follow_symlinks=False)),
                           key=lambda entry: entry.stat().st_mtime_ns, reverse=True)

@@ -7,6 +7,8 @@ import base64
 import io
 import os
 import re
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -58,12 +60,16 @@ def runs(tmp_path, monkeypatch):
     return run
 
 
-def test_a_second_run_builds_nothing_and_sends_the_same_payload(runs, tmp_path):
+def test_a_second_run_builds_nothing_and_sends_the_same_payload_with_its_bytecode(runs, tmp_path):
     first, built = runs(1)
     assert built == 1
     second, built = runs(2)
     assert built == 0
-    assert zip_entries(second) == zip_entries(first)  # the wrapper around them differs: it holds the time
+    sent, sources = zip_entries(second), zip_entries(first)  # the wrapper around them differs: it holds the time
+    assert {name: data for name, data in sent.items() if not name.endswith(".pyc")} == sources
+    assert sorted(name for name in sent if name.endswith(".pyc")) == sorted(name + "c" for name in sources if name.endswith(".py"))
+    third, built = runs(3)
+    assert built == 0 and zip_entries(third) == sent
     store = tmp_path / "tmp" / "dflash-ansiballz"
     [key] = os.listdir(store)
     assert oct(os.stat(store).st_mode & 0o777) == "0o700"
@@ -123,3 +129,46 @@ def test_a_file_gone_while_the_key_is_computed_is_a_build_not_a_failed_task(runs
     monkeypatch.setattr(payload_cache, "_fingerprint", None)
     _payload, built = runs(2)
     assert built == 1
+
+
+def importing(payload_zip, module):
+    """The file Python imported module from, payload_zip first on its path (a Python of its own, as
+    AnsiballZ's in the CT)."""
+    return subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(payload_zip)!r}); "
+                           f"import {module} as m; print(m.__file__); print(m.ANSWER)"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_the_bytecode_is_taken_only_for_its_own_source_and_python(tmp_path):
+    source = b"ANSWER = 'from source'\n"
+    plain = tmp_path / "plain.zip"
+    with zipfile.ZipFile(plain, "w") as payload:
+        payload.writestr("probe_mod.py", source)
+    compiled = tmp_path / "compiled.zip"
+    compiled.write_bytes(base64.b64decode(payload_cache.with_bytecode(base64.b64encode(plain.read_bytes()))))
+    assert importing(compiled, "probe_mod") == [f"{compiled}/probe_mod.pyc", "from source"]
+    with zipfile.ZipFile(compiled) as payload:
+        pyc = payload.read("probe_mod.pyc")
+    assert payload_cache.with_bytecode(base64.b64encode(compiled.read_bytes())) is None  # compiled once
+
+    # bytecode of another text beside this source (a source changed after the build): the source runs
+    edited = tmp_path / "edited.zip"
+    with zipfile.ZipFile(edited, "w") as payload:
+        payload.writestr("probe_mod.py", b"ANSWER = 'edited'\n")
+        payload.writestr("probe_mod.pyc", pyc)
+    assert importing(edited, "probe_mod") == [f"{edited}/probe_mod.py", "edited"]
+
+    # bytecode of another Python version (a CT whose Python is not the controller's): the source runs
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as payload:
+        payload.writestr("probe_mod.py", source)
+        payload.writestr("probe_mod.pyc", bytes([pyc[0] ^ 1]) + pyc[1:])
+    assert importing(other, "probe_mod") == [f"{other}/probe_mod.py", "from source"]
+
+
+def test_a_source_that_does_not_compile_here_keeps_the_payload_as_it_is():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as payload:
+        payload.writestr("fine.py", b"X = 1\n")
+        payload.writestr("newer_syntax.py", b"X = (1\n")
+    assert payload_cache.with_bytecode(base64.b64encode(buffer.getvalue())) is None

@@ -1,0 +1,92 @@
+"""What the bytecode in a stored payload saves each module call in the CT, side by side in one run.
+
+For each module of the collection that runs in the CT: its AnsiballZ payload as ansible-core builds
+it (executor/module_common.py modify_module) and as the payload store keeps it, a .pyc beside each
+source (plugins/plugin_utils/payload_cache.py with_bytecode). Each is imported by the CTs' Python
+(/usr/bin/python3: the testbed's CTs run the host's) as AnsiballZ does, the payload zip first on
+sys.path; the two are timed in alternation, RUNS times each, as the CPU time (user + system) of
+the child processes. Prints per module the payload's bytes, the median CPU of an import and
+their ratio.
+
+    .venv/bin/python bench/payload_bytecode.py [--runs N] [--python /usr/bin/python3]
+"""
+
+import argparse
+import base64
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGINS = os.path.join(REPO, "collections", "ansible_collections", "dflash", "lifecycle", "plugins")
+
+
+def payloads():
+    """{module: zip bytes (base64)} of every module of the collection that sends a payload."""
+    from ansible import constants as C
+    from ansible.executor import module_common
+    from ansible.template import Templar
+
+    modules = os.path.join(PLUGINS, "modules")
+    found = {}
+    for name in sorted(f[:-3] for f in os.listdir(modules) if f.endswith(".py") and f != "__init__.py"):
+        built = module_common.modify_module(
+            module_name=f"dflash.lifecycle.{name}", module_path=os.path.join(modules, name + ".py"), module_args={},
+            templar=Templar(loader=None), task_vars={"ansible_python_interpreter": "/usr/bin/python3"},
+            module_compression=C.DEFAULT_MODULE_COMPRESSION)  # what a run sends (the module_compression setting)
+        match = re.search(rb"zip_data='([A-Za-z0-9+/=]+)'", built.b_module_data)
+        if match:  # else its action plugin does the work on the controller (pct_push)
+            found[name] = match.group(1)
+    return found
+
+
+def import_cpu(python, payload_zip, module):
+    """CPU seconds (user + system) of one import of module from payload_zip in a Python of its own."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([python, "-c", f"import sys; sys.path.insert(0, {payload_zip!r}); import {module}"],
+                   check=True, stdin=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--python", default="/usr/bin/python3")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["ANSIBLE_LOCAL_TEMP"] = os.path.join(tmp, "local")
+        from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+        _AnsibleCollectionFinder(paths=[os.path.join(REPO, "collections")])._install()
+        from ansible_collections.dflash.lifecycle.plugins.plugin_utils import payload_cache
+
+        print(f"{'module':<20} {'bytes':>8} {'with .pyc':>10} {'import ms':>10} {'with .pyc':>10} {'ratio':>6}")
+        totals = [0.0, 0.0]
+        for name, zip_data in payloads().items():
+            paths = []
+            for kind, data in (("plain", zip_data), ("pyc", payload_cache.with_bytecode(zip_data))):
+                path = os.path.join(tmp, f"{name}-{kind}.zip")
+                with open(path, "wb") as handle:
+                    handle.write(base64.b64decode(data))
+                paths.append(path)
+            module = f"ansible_collections.dflash.lifecycle.plugins.modules.{name}"
+            times = ([], [])
+            for _ in range(args.runs):
+                for index, path in enumerate(paths):
+                    times[index].append(import_cpu(args.python, path, module))
+            plain, compiled = (statistics.median(t) * 1000 for t in times)
+            totals[0] += plain
+            totals[1] += compiled
+            sizes = [os.path.getsize(p) for p in paths]
+            print(f"{name:<20} {sizes[0]:>8} {sizes[1]:>10} {plain:>10.1f} {compiled:>10.1f} {compiled / plain:>6.2f}")
+        print(f"{'all, summed':<20} {'':>8} {'':>10} {totals[0]:>10.1f} {totals[1]:>10.1f} {totals[1] / totals[0]:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
