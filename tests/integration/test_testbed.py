@@ -152,7 +152,7 @@ def test_up_fresh_starts_from_empty_cts_after_a_run_killed_before_its_teardown(i
         handle.write("an earlier run's state\n")
     for name in bed.nodes:  # the processes end, the disks stay
         for vmid in os.listdir(bed.pct_node(name).lxcpath):
-            bed.pct_node(name).lxc("lxc-stop", vmid, "--kill")
+            assert bed.pct_node(name).lxc_stop(vmid, "--kill")
         os.kill(bed.sshd_pid(name), signal.SIGTERM)  # started by bed.up() above: ours
     deadline = time.monotonic() + 10
     while any(bed.sshd_pid(name) for name in bed.nodes) and time.monotonic() < deadline:

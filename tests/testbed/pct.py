@@ -38,14 +38,12 @@ appended to ``pct-invocations.log`` in that directory, for the benchmarks.
 """
 
 import contextlib
-import ctypes
 import fcntl
 import grp
 import json
 import os
 import pwd
 import re
-import subprocess
 import sys
 import time
 
@@ -108,6 +106,14 @@ def cluster_netns(state_dir):
     return "dflash-" + os.path.basename(os.path.abspath(state_dir))
 
 
+def run(cmd, **kwargs):
+    """subprocess.run, imported here: `pct exec`, most of the tests' thousands of calls, starts none,
+    and the import is a fifth of this script's start-up."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    return subprocess.run(cmd, check=False, **kwargs)
+
+
 class Node:
     """One testbed node: its pve config tree and its LXC path."""
 
@@ -149,12 +155,17 @@ class Node:
     # -- LXC state --------------------------------------------------------------
     def lxc(self, tool, vmid, *args, **kwargs):
         cmd = [tool, "-P", self.lxcpath, "-n", str(vmid), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+        return run(cmd, capture_output=True, text=True, **kwargs)
 
     def check_running(self, vmid):
+        # PVE::LXC::check_running: a CT runs while its monitor's command socket is listed in
+        # /proc/net/unix (list_active_containers, "similar test is used by lxccontainers.c");
+        # with the node's own LXC path, the socket is @<lxcpath>/<vmid>/command
         if not os.path.isdir(os.path.join(self.lxcpath, str(vmid))):
             return False
-        return self.lxc("lxc-info", vmid, "-s", "-H").stdout.strip() == "RUNNING"
+        socket = f" @{self.lxcpath}/{vmid}/command"
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+            return any(line.rstrip("\n").endswith(socket) for line in table)
 
     def init_pid(self, vmid):
         # PVE::LXC::find_lxc_pid
@@ -238,7 +249,7 @@ class Node:
             path = self.check_hookscript(conf["hookscript"])
             env = dict(os.environ, PATH=os.path.join(self.dir, "bin") + ":" + CLI_PATH)
             sys.stdout.flush()
-            res = subprocess.run([path, str(vmid), phase], env=env, check=False)
+            res = run([path, str(vmid), phase], env=env)
             if res.returncode != 0:
                 raise PctError(f"command '{path} {vmid} {phase}' failed: exit code {res.returncode}\n")
         except PctError as err:
@@ -285,7 +296,7 @@ class Node:
             if nic.get("ip"):
                 steps.append(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "addr", "add", nic["ip"], "dev", nic["name"]])
             for step in steps:
-                res = subprocess.run(step, capture_output=True, text=True, check=False)
+                res = run(step, capture_output=True, text=True)
                 if res.returncode != 0:
                     raise PctError(f"unable to plug net{index} of CT {vmid} into {nic['bridge']}: {res.stderr.strip()}\n")
 
@@ -300,10 +311,30 @@ class Node:
         with self.lock_config(vmid):
             conf = self.load_config(vmid)
             self.exec_hookscript(conf, vmid, "pre-stop")
-            self.lxc("lxc-stop", vmid, *args)
-            if self.check_running(vmid):
+            if not self.lxc_stop(vmid, *args, timeout=timeout):
                 raise PctError("container did not stop\n")
             self.exec_hookscript(conf, vmid, "post-stop")
+
+    def lxc_stop(self, vmid, *args, timeout=None):
+        """lxc-stop ARGS, then PVE::LXC::vm_stop's wait: the CT's command socket, connected before,
+        read until its monitor closes it (the CT has stopped); after a failed lxc-stop, a wait
+        bounded by the timeout. Whether the CT stopped (a CT not running has)."""
+        import socket  # pylint: disable=import-outside-toplevel  # a stop alone needs it
+
+        monitor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with monitor:
+            try:
+                monitor.connect(f"\0{self.lxcpath}/{vmid}/command")
+            except OSError:  # ECONNREFUSED: no monitor, the CT is not running
+                return True
+            res = self.lxc("lxc-stop", vmid, *args)
+            # vm_stop reads without a bound after a stop that worked; 60 s here, so that a
+            # monitor that never lets go fails a test instead of hanging it
+            monitor.settimeout(60 if res.returncode == 0 else (timeout or 10) + 5)
+            try:
+                return monitor.recv(1) == b""
+            except OSError:  # the wait ran out (socket.timeout is an OSError)
+                return False
 
 
 def memory_limit(conf):
@@ -320,6 +351,8 @@ def setns_mount(pid, unprivileged=False):
     """Enter the mount namespace of ``pid`` (PVE::Tools::setns) and, for an unprivileged CT, its
     user namespace as its root (pct.pm push: setns CLONE_NEWUSER, then setgid(0) and setuid(0)), so
     that a file is created as the CT's root is mapped on the node."""
+    import ctypes  # pylint: disable=import-outside-toplevel  # push and pull alone need it
+
     libc = ctypes.CDLL(None, use_errno=True)
     mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
     user = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY) if unprivileged else None

@@ -527,9 +527,7 @@ class Testbed:
                 ctdir = os.path.join(node.lxcpath, vmid)
                 if not os.path.exists(os.path.join(ctdir, MARKER)):
                     continue
-                if node.check_running(vmid):
-                    node.lxc("lxc-stop", vmid, "--kill")
-                if node.check_running(vmid):
+                if not node.lxc_stop(vmid, "--kill"):
                     raise TestbedError(f"CT {vmid} on {name} does not stop")
                 # --one-file-system: never descend into a mount, whatever happened
                 run(["rm", "-rf", "--one-file-system", ctdir])
