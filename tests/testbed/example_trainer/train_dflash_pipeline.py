@@ -98,7 +98,7 @@ import argparse
 import glob
 import subprocess
 import traceback
-import hashlib
+import ctypes
 import json
 import logging
 import math
@@ -555,10 +555,25 @@ def asked_to_stop(requests, state, checkpointer, model, saved_now):
     return True
 
 
-def block_in_c(seconds, calibration):
-    """One long C-level call (think NCCL all-reduce): Python signal handlers wait."""
-    if seconds > 0:
-        hashlib.pbkdf2_hmac("sha256", b"dflash", b"salt", max(1, int(seconds * calibration)))
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def block_in_c(seconds):
+    """One long C-level call (think NCCL all-reduce): Python signal handlers wait. A default
+    pthread mutex locked a second time by its holder, with pthread_mutex_timedlock, waits on its
+    futex until the deadline; glibc resumes that wait after a signal's C handler, so the Python
+    handlers run only once the call returns, as after a collective. It burns no CPU, where a
+    busy C call cost the machine the tests share, and it lasts the same on a loaded machine."""
+    if seconds <= 0:
+        return
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)
+    deadline = time.time() + seconds  # the deadline is CLOCK_REALTIME's
+    until = Timespec(int(deadline), int(deadline % 1 * 1e9))
+    libc.pthread_mutex_timedlock(mutex, ctypes.byref(until))  # ETIMEDOUT at the deadline
+    libc.pthread_mutex_unlock(mutex)
 
 
 def block_forever_in_c():
@@ -567,8 +582,6 @@ def block_forever_in_c():
     ever. ctypes lets go of the GIL, so the other threads go on; the main thread's Python signal
     handlers never run (SIGINT is noted, never handled), and a signal's default action (SIGTERM,
     SIGKILL) still ends the process."""
-    import ctypes
-
     libc = ctypes.CDLL(None)
     mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER (40 bytes on x86-64)
     libc.pthread_mutex_lock(mutex)
@@ -593,13 +606,6 @@ def dataloader_batches(corpus, seq_len, seed, workers):
             return torch.tensor(corpus[start:start + seq_len])
 
     return iter(data.DataLoader(Slices(), batch_size=None, num_workers=workers, persistent_workers=True))
-
-
-def calibrate_c_call():
-    rounds = 20000
-    begin = time.perf_counter()
-    hashlib.pbkdf2_hmac("sha256", b"dflash", b"salt", rounds)
-    return rounds / max(time.perf_counter() - begin, 1e-6)
 
 
 def fault(path):
@@ -643,7 +649,6 @@ def train(args):
     seq_len = min(args.max_seq_len, 16)
     step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS)) * RELEASE_SLOWDOWN
     block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
-    calibration = calibrate_c_call() if block_seconds > 0 else 0.0
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
                             env.get("DFLASH_TEST_ORPHAN_WORKERS") == "1")
     loader = dataloader_batches(corpus, seq_len, state["step"], int(env.get("DFLASH_TEST_DATALOADER_WORKERS", "0")))
@@ -671,7 +676,7 @@ def train(args):
                 start = rng.randrange(0, max(1, len(corpus) - seq_len))
                 batch = [corpus[start:start + seq_len]]
             t_data = time.perf_counter()
-            block_in_c(block_seconds, calibration)
+            block_in_c(block_seconds)
             t_target = time.perf_counter()
             lr = args.lr * min(1.0, (state["step"] + 1) / warmup) * 50  # scaled for the toy model
             loss, tokens = model.step(batch, lr, args.weight_decay, args.grad_clip)
