@@ -23,6 +23,7 @@ dflash_env, one rank per CT) are tests/integration/test_gang_as_run.py's, on a g
 their own so that both files run side by side.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -32,7 +33,7 @@ import time
 
 import pytest
 
-from testlib import GANG, GANG_MODEL, REPO, OwnTestbed, make_gang_inventory, task_ran, tool_env, trainer_source
+from testlib import GANG, GANG_MODEL, REPO, OwnTestbed, make_gang_inventory, task_ran, tool_env, trainer_source, wait_for
 
 STATE = "/var/lib/dflash-testbed/gang"
 # a run whose rank 0 saves alone and whose ranks take the stop request (tests 8 and 9)
@@ -320,8 +321,13 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
         for host, (node, vmid) in CTS.items():  # the forks that ran the task outlive the group and tell the CTs
             gang.live.wait_in_ct(node, vmid, "! test -e /run/dflash/launch.worker && grep -q '\"controller\": \"gone\"' "
                                  "/var/lib/dflash/last-change.json", 300, f"{host}'s worker to end, told its controller is gone")
+        # then they end: their answers have no reader
+        wait_for("the killed job's forks to end", lambda: not own_forks(release), timeout=60,
+                 said=lambda: f"left: {own_forks(release)}")
     finally:
-        end_own_forks(release)
+        for pid in own_forks(release):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
     releases = set()
     for host in CTS:
         record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
@@ -335,21 +341,18 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
     assert "resumed from /workspace/checkpoints/step_" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
-def end_own_forks(release):
-    """The forks of this test's own job that outlived its group (a session of their own; seen asleep
-    long after the test), ended by PID: the processes whose command line names the release only this
-    test made."""
+def own_forks(release):
+    """The PIDs of this test's own job's processes that outlived its group (a session of their own):
+    those whose command line names the release only this test made."""
+    found = []
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                mine = str(release).encode() in handle.read()
+                if str(release).encode() in handle.read() and pid != os.getpid():
+                    found.append(pid)
         except OSError:
             continue
-        if mine and pid != os.getpid():
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
+    return found
 
 
 def relaunched_since(gang, host, since, timeout=300):

@@ -181,13 +181,18 @@ class ControllerWatch:
 
     def tell_if_gone(self, action, args, task_vars):
         """After the module returned: when ansible-playbook is gone, mark the CT's record of the
-        change and give the job's lock back (args: the module's, with its lock_* options)."""
-        if not args.get("lock_holder") or not self.gone():
+        change and give the job's lock back (args: the module's, with its lock_* options), then end
+        this fork. Its answer has no reader: the results pipe stays open in the forks beside it,
+        so a large answer would fill it and leave this fork asleep for ever (seen: the forks of a
+        killed job, asleep long after it)."""
+        if not self.gone():
             return
-        try:
-            action._execute_module(module_name="dflash.lifecycle.redeploy_lock", task_vars=task_vars, module_args={
-                "holder": args["lock_holder"], "path": args.get("lock_path") or "/run/dflash/redeploy.lock",
-                "state": "released", "controller_gone": True,
-                "change_record": args.get("change_record") or "/var/lib/dflash/last-change.json"})
-        except Exception:  # noqa: BLE001  (nobody is there to tell: the lease ends on its own)
-            pass
+        if args.get("lock_holder"):
+            try:
+                action._execute_module(module_name="dflash.lifecycle.redeploy_lock", task_vars=task_vars, module_args={
+                    "holder": args["lock_holder"], "path": args.get("lock_path") or "/run/dflash/redeploy.lock",
+                    "state": "released", "controller_gone": True,
+                    "change_record": args.get("change_record") or "/var/lib/dflash/last-change.json"})
+            except Exception:  # noqa: BLE001  (nobody is there to tell: the lease ends on its own)
+                pass
+        os._exit(0)  # nobody waits for this status either

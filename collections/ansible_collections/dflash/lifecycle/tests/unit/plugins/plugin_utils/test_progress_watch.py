@@ -118,8 +118,10 @@ def test_a_launchs_progress_files_are_set_for_it_and_for_its_stop_first():
 
 def test_the_ct_is_told_only_when_ansible_playbook_died_while_the_module_ran(monkeypatch):
     """The fork that ran the task outlives a SIGKILL of the job's process group (a session of its
-    own): its parent then changes, and only then does it mark the CT's record and give the lock back."""
-    calls = []
+    own): its parent then changes, and only then does it mark the CT's record, give the lock back
+    and end, its answer having no reader."""
+    calls, ended = [], []
+    monkeypatch.setattr(progress_watch.os, "_exit", ended.append)
 
     class Action:
         def _execute_module(self, **kwargs):
@@ -131,9 +133,12 @@ def test_the_ct_is_told_only_when_ansible_playbook_died_while_the_module_ran(mon
     monkeypatch.setattr(progress_watch.os, "getppid", lambda: parent[0])
     watch = progress_watch.ControllerWatch()
     watch.tell_if_gone(Action(), args, {})
-    assert calls == []  # ansible-playbook is there: it reports the result itself
+    assert calls == [] and ended == []  # ansible-playbook is there: it reports the result itself
     parent[0] = 1  # reparented: ansible-playbook is gone
     watch.tell_if_gone(Action(), args, {})
     assert calls == [{"module_name": "dflash.lifecycle.redeploy_lock", "task_vars": {}, "module_args": {
         "holder": "root@vm ansible-playbook pid 7", "path": "/run/dflash/redeploy.lock", "state": "released",
         "controller_gone": True, "change_record": "/var/lib/dflash/last-change.json"}}]
+    assert ended == [0]
+    watch.tell_if_gone(Action(), {}, {})  # a call that holds no lock: nothing to tell, the fork ends all the same
+    assert len(calls) == 1 and ended == [0, 0]
