@@ -151,8 +151,9 @@ CTS = $(or $(HOST),dflash_trainers)
 # A job runs limited to HOST's trainer CTs: a HOST that selects none (a node's name, a typo) or an
 # inventory that cannot be read (ansible.cfg: any_unparsed_is_failed) fails ansible-playbook
 # before it touches anything, never a job that touches nothing and exits 0, or every CT. Only a
-# failed job runs the guard, which names that cause and turns it into exit 2: a job that ran
-# pays nothing for it (the guard is an ansible start-up, 0.34 s of CPU).
+# job that failed so runs the guard, which names that cause and turns it into exit 2: a job that
+# ran pays nothing for it (the guard is an ansible start-up, 0.34 s of CPU). `ansible` takes the
+# limit the same way (a pattern alone that matches nothing exits 0).
 LIMIT = '$(CTS):&dflash_trainers'
 PLAYBOOK = $(BIN)/ansible-playbook -i $(INVENTORY) -l $(LIMIT) $(EXTRA) \
   $(if $(NO_GRACEFUL),-e trainer_stop_no_graceful=$(NO_GRACEFUL)) \
@@ -163,8 +164,9 @@ HOST_GUARD = hosts=$$(ANSIBLE_INVENTORY_UNPARSED_FAILED=1 $(BIN)/ansible -i $(IN
 	            --list-hosts 2>&1) || { echo "$$hosts" >&2; echo "INVENTORY=$(INVENTORY) cannot be read (above)" >&2; exit 2; }; \
 	  grep -q 'hosts ([1-9]' <<< "$$hosts" \
 	  || { echo "HOST=$(CTS) selects no trainer CT (group dflash_trainers) of $(INVENTORY)" >&2; exit 2; }
-# $(call guarded,JOB): JOB, and when it failed, the guard; the guard's refusal (2) wins over JOB's status
-guarded = $(1) || { job=$$?; ( $(HOST_GUARD) ) || exit 2; exit $$job; }
+# $(call guarded,JOB): JOB, and when it failed before it ran (exit 1: ansible's errors; a failed
+# host is 2, an unreachable one 4), the guard; the guard's refusal (2) wins over JOB's status
+guarded = $(1) || { job=$$?; [ $$job -ne 1 ] || ( $(HOST_GUARD) ) || exit 2; exit $$job; }
 
 # The targets that change a CT take HOST explicitly: no default reaches every CT by accident.
 host-required:
@@ -207,4 +209,4 @@ dashboard: venv ## build the Grafana dashboard (monitoring/grafana/dflash-runs.j
 	$(BIN)/python monitoring/grafana/dashboard.py
 
 ping: venv ## ansible.builtin.ping every CT of HOST through the pct connection
-	@$(call guarded,$(BIN)/ansible -i $(INVENTORY) $(LIMIT) -m ansible.builtin.ping)
+	@$(call guarded,$(BIN)/ansible -i $(INVENTORY) dflash_trainers -l $(LIMIT) -m ansible.builtin.ping)
