@@ -559,32 +559,36 @@ class Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def block_in_c(seconds):
-    """One long C-level call (think NCCL all-reduce): Python signal handlers wait. A default
-    pthread mutex locked a second time by its holder, with pthread_mutex_timedlock, waits on its
-    futex until the deadline; glibc resumes that wait after a signal's C handler, so the Python
+def held_mutex():
+    """(libc, a default pthread mutex this thread holds): locked a second time by its holder, it
+    waits on its futex (40 bytes on x86-64, all zeros: PTHREAD_MUTEX_INITIALIZER)."""
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(mutex)
+    return libc, mutex
+
+
+def block_in_c(seconds, held):
+    """One long C-level call (think NCCL all-reduce): Python signal handlers wait. The held mutex
+    (held_mutex's), asked for again with pthread_mutex_timedlock, waits on its futex until the
+    deadline and stays held; glibc resumes that wait after a signal's C handler, so the Python
     handlers run only once the call returns, as after a collective. It burns no CPU, where a
     busy C call cost the machine the tests share, and it lasts the same on a loaded machine."""
     if seconds <= 0:
         return
-    libc = ctypes.CDLL(None)
-    mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER
-    libc.pthread_mutex_lock(mutex)
+    libc, mutex = held
     deadline = time.time() + seconds  # the deadline is CLOCK_REALTIME's
     until = Timespec(int(deadline), int(deadline % 1 * 1e9))
     libc.pthread_mutex_timedlock(mutex, ctypes.byref(until))  # ETIMEDOUT at the deadline
-    libc.pthread_mutex_unlock(mutex)
 
 
 def block_forever_in_c():
     """A C call that never returns and that no signal interrupts, as a hung NCCL collective or CUDA
-    synchronize: a default pthread mutex locked a second time by its holder waits on its futex for
-    ever. ctypes lets go of the GIL, so the other threads go on; the main thread's Python signal
-    handlers never run (SIGINT is noted, never handled), and a signal's default action (SIGTERM,
-    SIGKILL) still ends the process."""
-    libc = ctypes.CDLL(None)
-    mutex = ctypes.create_string_buffer(64)  # all zeros: PTHREAD_MUTEX_INITIALIZER (40 bytes on x86-64)
-    libc.pthread_mutex_lock(mutex)
+    synchronize: a held mutex locked again by its holder waits on its futex for ever. ctypes lets
+    go of the GIL, so the other threads go on; the main thread's Python signal handlers never run
+    (SIGINT is noted, never handled), and a signal's default action (SIGTERM, SIGKILL) still ends
+    the process."""
+    libc, mutex = held_mutex()
     libc.pthread_mutex_lock(mutex)
 
 
@@ -649,6 +653,7 @@ def train(args):
     seq_len = min(args.max_seq_len, 16)
     step_seconds = float(env.get("DFLASH_STEP_SECONDS", DEFAULT_STEP_SECONDS)) * RELEASE_SLOWDOWN
     block_seconds = float(env.get("DFLASH_TEST_BLOCK_IN_C_SECONDS", "0"))
+    c_call_mutex = held_mutex() if block_seconds > 0 else None
     workers = start_workers(int(env.get("DFLASH_TEST_WORKERS", "0")),
                             env.get("DFLASH_TEST_ORPHAN_WORKERS") == "1")
     loader = dataloader_batches(corpus, seq_len, state["step"], int(env.get("DFLASH_TEST_DATALOADER_WORKERS", "0")))
@@ -676,7 +681,7 @@ def train(args):
                 start = rng.randrange(0, max(1, len(corpus) - seq_len))
                 batch = [corpus[start:start + seq_len]]
             t_data = time.perf_counter()
-            block_in_c(block_seconds)
+            block_in_c(block_seconds, c_call_mutex)
             t_target = time.perf_counter()
             lr = args.lr * min(1.0, (state["step"] + 1) / warmup) * 50  # scaled for the toy model
             loss, tokens = model.step(batch, lr, args.weight_decay, args.grad_clip)
