@@ -163,9 +163,13 @@ class Node:
         # with the node's own LXC path, the socket is @<lxcpath>/<vmid>/command
         if not os.path.isdir(os.path.join(self.lxcpath, str(vmid))):
             return False
-        socket = f" @{self.lxcpath}/{vmid}/command"
+        listed = f" @{self.command_socket(vmid)}"
         with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
-            return any(line.rstrip("\n").endswith(socket) for line in table)
+            return any(line.rstrip("\n").endswith(listed) for line in table)
+
+    def command_socket(self, vmid):
+        """The abstract name of the CT's LXC command socket, its monitor's (the node's LXC path's)."""
+        return f"{self.lxcpath}/{vmid}/command"
 
     def init_pid(self, vmid):
         # PVE::LXC::find_lxc_pid
@@ -324,7 +328,7 @@ class Node:
         monitor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with monitor:
             try:
-                monitor.connect(f"\0{self.lxcpath}/{vmid}/command")
+                monitor.connect("\0" + self.command_socket(vmid))
             except OSError:  # ECONNREFUSED: no monitor, the CT is not running
                 return True
             res = self.lxc("lxc-stop", vmid, *args)
