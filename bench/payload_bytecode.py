@@ -14,34 +14,13 @@ their ratio.
 import argparse
 import base64
 import os
-import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLUGINS = os.path.join(REPO, "collections", "ansible_collections", "dflash", "lifecycle", "plugins")
-
-
-def payloads():
-    """{module: zip bytes (base64)} of every module of the collection that sends a payload."""
-    from ansible import constants as C
-    from ansible.executor import module_common
-    from ansible.template import Templar
-
-    modules = os.path.join(PLUGINS, "modules")
-    found = {}
-    for name in sorted(f[:-3] for f in os.listdir(modules) if f.endswith(".py") and f != "__init__.py"):
-        built = module_common.modify_module(
-            module_name=f"dflash.lifecycle.{name}", module_path=os.path.join(modules, name + ".py"), module_args={},
-            templar=Templar(loader=None), task_vars={"ansible_python_interpreter": "/usr/bin/python3"},
-            module_compression=C.DEFAULT_MODULE_COMPRESSION)  # what a run sends (the module_compression setting)
-        match = re.search(rb"zip_data='([A-Za-z0-9+/=]+)'", built.b_module_data)
-        if match:  # else its action plugin does the work on the controller (pct_push)
-            found[name] = match.group(1)
-    return found
+from payload_size import REPO, built_payloads  # beside this script
 
 
 def import_cpu(python, payload_zip, module):
@@ -60,14 +39,15 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["ANSIBLE_LOCAL_TEMP"] = os.path.join(tmp, "local")
-        from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+        from ansible import constants as C
 
-        _AnsibleCollectionFinder(paths=[os.path.join(REPO, "collections")])._install()
+        # what a run sends: the module_compression setting
+        built = built_payloads(REPO, module_compression=C.DEFAULT_MODULE_COMPRESSION)
         from ansible_collections.dflash.lifecycle.plugins.plugin_utils import payload_cache
 
         print(f"{'module':<20} {'bytes':>8} {'with .pyc':>10} {'import ms':>10} {'with .pyc':>10} {'ratio':>6}")
         totals = [0.0, 0.0]
-        for name, zip_data in payloads().items():
+        for name, (_wrapper, zip_data) in built.items():
             paths = []
             for kind, data in (("plain", zip_data), ("pyc", payload_cache.with_bytecode(zip_data))):
                 path = os.path.join(tmp, f"{name}-{kind}.zip")

@@ -25,9 +25,10 @@ PLUGINS = os.path.join("collections", "ansible_collections", "dflash", "lifecycl
 OWN = "ansible_collections/dflash/lifecycle/plugins/module_utils/"
 
 
-def measure(tree):
-    """{module: {bytes, module_utils: [paths]}} of every module of the collection in tree (run in
-    a process of its own: the collection loader is bound to one tree per process)."""
+def built_payloads(tree, module_compression="ZIP_STORED"):
+    """{module: (its AnsiballZ wrapper, the payload zip in it, base64)} of every module of the
+    collection in tree that sends one, as ansible-core builds it (modify_module's default
+    compression unless given). The collection loader is bound to one tree per process."""
     from ansible.executor import module_common
     from ansible.template import Templar
     from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
@@ -38,13 +39,22 @@ def measure(tree):
     for name in sorted(f[:-3] for f in os.listdir(modules) if f.endswith(".py") and f != "__init__.py"):
         built = module_common.modify_module(
             module_name=f"dflash.lifecycle.{name}", module_path=os.path.join(modules, name + ".py"), module_args={},
-            templar=Templar(loader=None), task_vars={"ansible_python_interpreter": "/usr/bin/python3"})
+            templar=Templar(loader=None), task_vars={"ansible_python_interpreter": "/usr/bin/python3"},
+            module_compression=module_compression)
         match = re.search(rb"zip_data='([A-Za-z0-9+/=]+)'", built.b_module_data)
-        if match is None:  # its action plugin does the work on the controller (pct_push): nothing is sent
-            continue
-        with zipfile.ZipFile(io.BytesIO(base64.b64decode(match.group(1)))) as payload:
+        if match:  # else its action plugin does the work on the controller (pct_push): nothing is sent
+            found[name] = (built.b_module_data, match.group(1))
+    return found
+
+
+def measure(tree):
+    """{module: {bytes, module_utils: [paths]}} of every module of the collection in tree (run in
+    a process of its own: the collection loader is bound to one tree per process)."""
+    found = {}
+    for name, (wrapper, zip_data) in built_payloads(tree).items():
+        with zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data))) as payload:
             names = payload.namelist()
-        found[name] = {"bytes": len(built.b_module_data),
+        found[name] = {"bytes": len(wrapper),
                        "module_utils": sorted(n[len(OWN):] for n in names if n.startswith(OWN) and n.endswith(".py")
                                               and not n.endswith("__init__.py"))}
     return found
