@@ -20,9 +20,11 @@ cd "$repo"
 
 # the checkpoint imitations are loaded with the real torch and safetensors of this venv
 export DFLASH_TORCH_PYTHON="$torch_python"
-"$bin/ansible-lint" --offline --profile production > "$logs/lint.log" 2>&1 &
+# lint and sanity wait on nothing but the CPU: at the lowest priority they take what the tests leave
+# (the tests mostly wait on trainers for a minute at a time) instead of slowing their trainers
+nice -n 19 "$bin/ansible-lint" --offline --profile production > "$logs/lint.log" 2>&1 &
 lint=$!
-tests/sanity/run.sh "$bin/python" > "$logs/sanity.log" 2>&1 &
+nice -n 19 tests/sanity/run.sh "$bin/python" > "$logs/sanity.log" 2>&1 &
 sanity=$!
 "$bin/python" bench/gpu_check.py --cpu --trainer-python "$torch_python" --work-dir "$logs/gpu-check" \
   --out "$logs/gpu_check.json" > "$logs/gpu-check.log" 2>&1 &
