@@ -42,9 +42,11 @@ def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     make stop, make start and a make restart whose stop would have raced all succeed, and the
     relaunch resumes from it."""
     release = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
+    # no periodic save: one that lands as the SIGINT does (in the same step) would be the interrupt's
+    # checkpoint at once, before ct401's stop ends; and test 2's stop has only the interrupt save to cut
     alone = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
                             "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt",
-                            "DFLASH_TEST_SAVE_HELD_BY": release}}
+                            "DFLASH_TEST_SAVE_HELD_BY": release, "DFLASH_TEST_INTERVAL_SAVES": "0"}}
     res = gang.make("restart", alone)  # the run the next stop meets saves as rank 0 alone
     assert res.returncode == 0, res.stdout[-6000:]
     gang.sh("ct400", f"rm -f {release}")
@@ -72,9 +74,7 @@ def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     res = gang.make("start", alone)
     assert res.returncode == 0, res.stdout[-6000:]
     assert f"resumed from {saved}" in gang.sh("ct400", "cat /workspace/logs/train.log")
-    # the run it starts makes no periodic save: test 2's stop of it has only the interrupt save to cut
-    quiet = {"dflash_env": dict(alone["dflash_env"], DFLASH_TEST_INTERVAL_SAVES="0")}
-    res = gang.make("restart", quiet)
+    res = gang.make("restart", alone)
     assert res.returncode == 0, res.stdout[-6000:]
     checkpoint = re.search(rf"checkpoint ({CKPT}/step_\d+) \(0 steps lost\), every CT running", res.out)
     assert checkpoint and checkpoint.group(1) != saved, res.out
