@@ -138,10 +138,13 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
     assert res.returncode == 0, res.stdout[-6000:]
     head = re.search(rf"gang {GANG} \(2 CTs, c10d rendezvous at 10\.77\.9\.1:29500\): release (\w+), stop signalled "
                      rf"together \(skew of the signals sent ([0-9.]+) ms, ct40[01] first{MARGIN}\), checkpoint {CKPT}/(?P<checkpoint>step_\d+) "
-                     r"\(0 steps lost\), every CT running; ct400 logs ([0-9.]+) tok/s; canary: tok/s [0-9.]+ -> [0-9.]+ ",
-                     res.out)
+                     r"\(0(?P<lost_up_to> to \d+)? steps lost\), every CT running; ct400 logs ([0-9.]+) tok/s; "
+                     r"canary: tok/s [0-9.]+ -> [0-9.]+ ", res.out)
     assert head, res.out
     assert_margin_measured(head)
+    # a CT signalled late (a loaded machine) may have stepped past the others: the loss is then a
+    # range, and said to be; signalled together, none
+    assert head.group("lost_up_to") is None or "(its signal went late)" in head.group(0), head.group(0)
     new_release, checkpoint = head.group(1), head.group("checkpoint")
     assert {gang.current(host) for host in CTS} == {new_release}
     # ct400's rank 0 wrote it, once; both CTs resumed from it; every rank of the new run runs
