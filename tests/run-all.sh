@@ -38,9 +38,10 @@ next=$!
 trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
-# each worker on a testbed of its own (tests/conftest.py); five keep two CPUs busy (4 left them
-# idle for minutes at a time while every worker waited on a trainer; docs/performance.md)
-"$bin/python" -m pytest -n "${PYTEST_WORKERS:-5}" --dist loadfile --no-loadscope-reorder "$@"
+# each worker on a testbed of its own (tests/conftest.py); five keep two CPUs busier and end about
+# 30 s sooner, but load a gang's stop and a SIGINT'd controller past what their tests bear
+# (docs/performance.md)
+"$bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"
 pytest_status=$?
 wait $next
 next_status=$?

@@ -24,6 +24,11 @@ ARGUMENT_SPEC = {
 class ActionModule(ActionBase):
     TRANSFERS_FILES = True
 
+    def _early_needs_tmp_path(self):
+        # ActionBase.run would make a directory for the transfer before this run does: one SSH session
+        # more, and a directory left behind in the node's remote_tmp, since run makes and removes its own
+        return False
+
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         _spec, params = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
