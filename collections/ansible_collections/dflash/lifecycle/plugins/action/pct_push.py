@@ -22,12 +22,9 @@ ARGUMENT_SPEC = {
 
 
 class ActionModule(ActionBase):
-    TRANSFERS_FILES = True
-
-    def _early_needs_tmp_path(self):
-        # ActionBase.run would make a directory for the transfer before this run does: one SSH session
-        # more, and a directory left behind in the node's remote_tmp, since run makes and removes its own
-        return False
+    # it transfers a file, but into a directory that run makes and removes itself: with True,
+    # ActionBase.run would make another first (one SSH session more) and leave it on the node
+    TRANSFERS_FILES = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
