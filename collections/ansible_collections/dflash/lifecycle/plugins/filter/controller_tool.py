@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A binary of the controller that the job pushes into the CTs, as the preflight's tools option takes it.
 
-A filter rather than a stat task: it runs in the worker of the task that needs it, so a redeploy pays
-no worker, no module payload and no module run on the controller for it (about 0.4 s of CPU each)."""
+A filter rather than a stat task: it runs in the worker of the task that needs it, so a job pays no
+worker, no module payload and no module run on the controller for it (about 0.4 s of CPU a job). It
+reads the file once per CT where the stat task ran once per play: py-spy's 7.8 MB hash in about 11 ms."""
 
 from __future__ import annotations
 
