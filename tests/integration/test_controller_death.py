@@ -50,10 +50,13 @@ def running(testbed):
 SLOW = {"dflash_env": {"DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "4", "DFLASH_TEST_SLOW_SAVES": "interrupt"}}
 
 
-def killed_at(testbed, moment, signum, *args):
+def killed_at(testbed, moment, signum, *args, frozen_until=None):
     """Run redeploy.yml -l ct300 (args added) in a process group of its own and, once the shell
     condition moment holds in the CT, send signum to the whole group (ansible-playbook and what
-    shares its group: ours, by the group we started). Returns the playbook's output."""
+    shares its group: ours, by the group we started). frozen_until: a shell condition in the CT;
+    the group is stopped (SIGSTOP) at moment, signalled once it holds, then continued - a job
+    cancelled after the CT answered and before ansible-playbook read the answer. Returns the
+    playbook's output."""
     playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), REDEPLOY, "-l", HOST, *args], cwd=REPO,
                                 env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -61,7 +64,12 @@ def killed_at(testbed, moment, signum, *args):
         seen = testbed.ssh(NODE, f"pct exec {VMID} -- timeout 120 sh -c "
                                  f"{shlex.quote(f'until {moment}; do sleep 0.02; done')}", timeout=180)
         assert seen.returncode == 0 and playbook.poll() is None, f"never saw {moment!r} while the job ran"
+        if frozen_until:
+            os.killpg(playbook.pid, signal.SIGSTOP)
+            testbed.wait_in_ct(NODE, VMID, frozen_until, 120, "the CT's answer while the job was stopped")
         os.killpg(playbook.pid, signum)
+        if frozen_until:
+            os.killpg(playbook.pid, signal.SIGCONT)
         output = playbook.communicate(timeout=120)[0]
     finally:
         if playbook.poll() is None:
@@ -90,15 +98,21 @@ def wait_finished(testbed, since):
                        120, "the worker's change to end")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_a_controller_killed_in_the_stop_leaves_the_worker_to_finish_the_redeploy(running, tmp_path, signum):
+# the CT's call has answered: it gives the lock back as it writes its answer (a healthy launch)
+ANSWERED = "test ! -e /run/dflash/redeploy.lock"
+
+
+@pytest.mark.parametrize("signum, answered", [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_controller_killed_in_the_stop_leaves_the_worker_to_finish_the_redeploy(running, tmp_path, signum, answered):
     """Killed while the stop waits for the interrupt checkpoint, a release to push first (the stop,
-    the activation and the launch are one worker's transaction)."""
+    the activation and the launch are one worker's transaction). answered: the job is stopped there
+    and cancelled only once the CT's call has answered, an answer ansible-playbook never shows; the
+    CT saw its controller attached to the end, and only the job's callback can tell it (state=cancelled)."""
     src = trainer_source(tmp_path / "next", lambda text: text + f"\n# release after {signum.name}\n")
     before = trainer_pids(running)
     since = time.time()
     output = killed_at(running, "test -s /run/dflash/stop.progress.json -a -s /run/dflash/launch.worker", signum,
-                       "-e", f"trainer_code_src={src}", "-e", json.dumps(SLOW))
+                       "-e", f"trainer_code_src={src}", "-e", json.dumps(SLOW), frozen_until=ANSWERED if answered else None)
     wait_finished(running, since)
     done = told_gone(running)
     assert done["failed"] is False, (done, output[-3000:])

@@ -248,3 +248,51 @@ def test_a_worker_gives_the_jobs_lock_back_once_its_caller_ended_without_doing_s
     while lock.read(lock_path) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (lock.read(lock_path) is None) == (outcome == "healthy"), lock.read(lock_path)
+
+
+def test_a_cancelled_job_marks_only_its_own_change_and_no_update_loses_the_mark(tmp_path):
+    """mark_unseen (the lock_on_cancel callback's `state=cancelled`) marks the record of the change
+    the job's holder made, never another job's; and the CT's worker, which reads, changes and writes
+    the record at each phase, cannot write back a copy it read before the mark: both go under the
+    record's guard."""
+    import threading
+
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record
+
+    path = str(tmp_path / "lib" / "last-change.json")
+    assert change_record.mark_unseen(path, "job 1") is False  # no record yet: nothing to mark
+    change_record.begin(path, "job 1", "redeploy", 4242)
+    assert change_record.mark_unseen(path, "job 2") is False
+    assert change_record.read(path)["controller"] == "attached"
+    # the worker's update of its phase holds the guard when the mark comes: the mark waits for it
+    inside, release = threading.Event(), threading.Event()
+    real_read = change_record.read
+
+    def slow_read(where):
+        record = real_read(where)
+        if threading.current_thread() is worker:
+            inside.set()
+            release.wait(5)
+        return record
+
+    change_record.read = slow_read
+    try:
+        worker = threading.Thread(target=change_record.update, args=(path,), kwargs={"phase": "launch"})
+        worker.start()
+        assert inside.wait(5)
+        marked = []
+        marker = threading.Thread(target=lambda: marked.append(change_record.mark_unseen(path, "job 1")))
+        marker.start()
+        marker.join(0.3)
+        assert marker.is_alive(), "the mark did not wait for the worker's update under way"
+        release.set()
+        worker.join(5)
+        marker.join(5)
+    finally:
+        change_record.read = real_read
+    record = change_record.read(path)
+    assert marked == [True] and record["phase"] == "launch" and record["controller"] == "gone"
+    change_record.end(path, False, "trainer PID 7 healthy")  # the worker's end keeps the mark
+    assert change_record.unattended(change_record.read(path)) is True
+    assert change_record.mark_unseen(path, "job 1") is False  # marked already
+    assert os.path.exists(path + ".guard") and rundir.read_json(path)["outcome"] == "trainer PID 7 healthy"

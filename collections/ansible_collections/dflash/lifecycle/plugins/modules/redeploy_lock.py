@@ -15,6 +15,11 @@ description:
     since when. A lock whose lease ended (its redeploy was killed or lost its connection) is
     taken over, and the result says from whom.
   - V(released) drops the lock if O(holder) has it.
+  - V(cancelled) says that the job of O(holder) was cancelled after its launch call began in the
+    CT (the C(dflash.lifecycle.lock_on_cancel) callback sends it before the job ends). The CT's
+    record of the change that job made (O(change_record)) then says that its controller did not see
+    it end, and C(make status) and the next redeploy report how it ended. The lock stays, and the CT's
+    worker finishes the change and gives it back.
   - The lock lives in a root-only directory; files are written with O_NOFOLLOW and renamed into
     place under flock, so symlinks planted there are never followed.
 options:
@@ -43,9 +48,9 @@ options:
     type: path
     default: /var/lib/dflash/last-change.json
   state:
-    description: Take or drop the lock.
+    description: Take or drop the lock, or record that its job was cancelled.
     type: str
-    choices: [acquired, released]
+    choices: [acquired, released, cancelled]
     default: acquired
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -96,7 +101,7 @@ def main():
             "path": {"type": "path", "default": "/run/dflash/redeploy.lock"},
             "holder": {"type": "str", "required": True},
             "ttl": {"type": "float", "default": 60},
-            "state": {"type": "str", "choices": ["acquired", "released"], "default": "acquired"},
+            "state": {"type": "str", "choices": ["acquired", "released", "cancelled"], "default": "acquired"},
             "controller_gone": {"type": "bool", "default": False},
             "change_record": {"type": "path", "default": change_record.DEFAULT_PATH},
         },
@@ -110,6 +115,11 @@ def main():
             module.exit_json(changed=held)
         if params["state"] == "released":
             module.exit_json(changed=lock.release(params["path"], params["holder"]))
+        if params["state"] == "cancelled":
+            try:
+                module.exit_json(changed=change_record.mark_unseen(params["change_record"], params["holder"]))
+            except OSError as err:
+                module.fail_json(msg=f"change_record: {err}")
         taken = lock.take(params["path"], params["holder"], params["ttl"])
     except lock.LockHeld as err:
         module.fail_json(msg=str(err), holder=err.holder)

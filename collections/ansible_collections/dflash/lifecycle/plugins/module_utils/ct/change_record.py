@@ -18,7 +18,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import UnsafePath, guarded, read_json, write_atomic
 
 DEFAULT_PATH = "/var/lib/dflash/last-change.json"
 
@@ -35,30 +35,50 @@ def read(path):
         return None
 
 
-def _write(path, record):
-    """Raises OSError only (an unsafe directory included): the record never fails the work."""
-    directory = os.path.dirname(path)
-    os.makedirs(os.path.dirname(directory), exist_ok=True)  # a bare CT may have no /var/lib
+def _changed(path, change):
+    """change(record or None) -> the record to write, or None to leave it, under the record's
+    guard: the CT's worker and a job's call that marks it (mark_unseen) both read, change and
+    write it, and neither may lose the other's field. Returns whether it wrote. Raises OSError
+    only (an unsafe directory included): the record never fails the work."""
+    os.makedirs(os.path.dirname(os.path.dirname(path)), exist_ok=True)  # a bare CT may have no /var/lib
+
+    def action():
+        record = change(read(path))
+        if record is not None:
+            write_atomic(path, json.dumps(record))
+        return record is not None
+
     try:
-        secure_dir(directory)
+        return guarded(path, action)
     except UnsafePath as err:
         raise OSError(str(err)) from None
-    write_atomic(path, json.dumps(record))
 
 
 def begin(path, holder, what, worker):
     """A change begins: holder (the job's lock holder), what (a few words), worker (pid)."""
     record = {"holder": holder, "what": what, "started_at": time.time(), "phase": "start", "worker": worker,
               "finished_at": None, "failed": None, "outcome": None, "controller": "attached", "reported": False}
-    _write(path, record)
+    _changed(path, lambda _old: record)
     return record
 
 
 def update(path, **fields):
     """Record fields (phase=..., and the like) of the change under way."""
-    record = read(path) or {}
-    record.update(fields)
-    _write(path, record)
+    _changed(path, lambda record: dict(record or {}, **fields))
+
+
+def mark_unseen(path, holder):
+    """The change holder's job made (holder None: whichever) will not be seen to end by its
+    controller - it died, or its job was cancelled: the record says so (controller: gone), and
+    ``make status`` and the next redeploy report it. Returns whether it marked the record (not
+    when it is another job's, or marked already). Raises OSError."""
+    def change(record):
+        if record is None or record.get("controller") == "gone" or \
+                (holder is not None and record.get("holder") not in (None, holder)):
+            return None
+        return dict(record, controller="gone")
+
+    return _changed(path, change)
 
 
 def end(path, failed, outcome):
@@ -106,9 +126,7 @@ def without_controller(path, lease):
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
 
     try:
-        record = read(path)
-        if record is not None and (lease is None or record.get("holder") in (None, lease[1])):
-            update(path, controller="gone")
+        mark_unseen(path, lease[1] if lease else None)
     except OSError:
         pass  # the outcome stays in the record as the worker wrote it
     if lease:

@@ -20,7 +20,6 @@ opened with O_NOFOLLOW|O_EXCL, so no symlink planted in the directory is followe
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ import re
 import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import read_json, secure_dir, write_atomic
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import guarded, read_json, write_atomic
 
 
 class LockHeld(Exception):
@@ -69,16 +68,6 @@ def _is_lock(current):
 def takeover_code(lock):
     """The code that names lock for a takeover: 12 hex digits of a digest of its holder and since."""
     return hashlib.sha256(f"{lock.get('holder')}\0{lock.get('since')}".encode()).hexdigest()[:12]
-
-
-def _guarded(path, action):
-    secure_dir(os.path.dirname(path))
-    fd = os.open(f"{path}.guard", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return action()
-    finally:
-        os.close(fd)
 
 
 def _clock(epoch):
@@ -143,7 +132,7 @@ def acquire(path, holder, ttl, now=None, takeover=None, phase=None, takeover_hol
         write_atomic(path, json.dumps(lock), 0o600)
         return current is None or taken_over is not None, lock, taken_over
 
-    return _guarded(path, action)
+    return guarded(path, action)
 
 
 def renew(path, holder, ttl, worker, phase=None):
@@ -160,7 +149,7 @@ def renew(path, holder, ttl, worker, phase=None):
         write_atomic(path, json.dumps(current), 0o600)
         return True
 
-    return _guarded(path, action)
+    return guarded(path, action)
 
 
 def keep_alive(lease, worker_pidfd, worker):
@@ -202,7 +191,7 @@ def release(path, holder):
         os.unlink(path)
         return True
 
-    return _guarded(path, action)
+    return guarded(path, action)
 
 
 def wait_for(path, holder, cap, ttl, takeover_holder=None):

@@ -12,6 +12,7 @@ which every CT-side module of a redeploy takes, imports nothing else.
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import stat
@@ -41,6 +42,18 @@ def secure_dir(path):
     except FileExistsError:
         pass
     check_secure_dir(path)
+
+
+def guarded(path, action):
+    """action() under an exclusive flock of <path>.guard, in path's directory (secured first):
+    what a read, change and rename of path does there is never interleaved with another's."""
+    secure_dir(os.path.dirname(path))
+    fd = os.open(f"{path}.guard", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return action()
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path, text, mode=0o600):
