@@ -96,12 +96,14 @@ def down(sup, words):
 
 def ask_again(sup, since):
     """Why the supervisor no longer restarts: a stop asked for since, or a trainer someone else
-    started; None to go on."""
+    started; None to go on. A trainer this supervisor started is its child until reaped, and one
+    that ended may take a while to exit (a launcher's agent past its ranks, its command line gone
+    already): the pidfile naming it is no one else's trainer."""
     deliberate = supervision.deliberate(sup, since)
     if deliberate:
         return deliberate
     entry = supervision.read_pidfile(sup.launch["pidfile"])
-    if entry is not None and proctable.alive((entry.pid, entry.starttime)):
+    if entry is not None and proctable.alive((entry.pid, entry.starttime)) and supervision.not_our_child(entry.pid):
         return f"a trainer runs again (PID {entry.pid}), started by someone else"
     return None
 

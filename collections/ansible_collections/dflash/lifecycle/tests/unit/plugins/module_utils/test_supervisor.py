@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang, policy, rounds, supervision
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hang, policy, restart, rounds, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
 
@@ -145,6 +145,38 @@ def test_a_stop_asked_for_leaves_a_stand_down_the_supervisor_reads(tmp_path):
     assert run_spec.stood_down(directory, 0) is None
     run_spec.stand_down(str(tmp_path / "none"), "a job")  # a CT with no spec: nothing to tell
     assert not os.path.exists(tmp_path / "none")
+
+
+def test_the_supervisors_own_run_still_exiting_is_not_someone_elses_trainer(tmp_path):
+    """After its run ended the supervisor asks again before it relaunches: a trainer someone else
+    started makes it stand down. The run it started itself, still exiting (seen: a gang member's
+    torchrun agent, its command line gone, not yet a zombie), is its child: no reason to stand
+    down. A process that is not its child, named by the pidfile, is someone else's."""
+    import subprocess
+
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launch
+
+    directory, pidfile = str(tmp_path / "lifecycle"), str(tmp_path / "run" / "trainer.pid")
+    run_spec._write(directory, {"version": run_spec.VERSION, "wanted": "running"})
+    sup = type("Sup", (), {"directory": directory, "launch": {"pidfile": pidfile}})()
+    since = time.time()
+    own = subprocess.Popen(["sleep", "30"])  # our child, alive: the run that ended, still exiting
+    # someone else's: a sleep whose parent (a shell) exited, so it is not our child
+    other = int(subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                               check=True).stdout)
+    try:
+        assert restart.ask_again(sup, since) is None  # no pidfile
+        launch.write_pidfile(pidfile, own.pid, proctable.read_process(own.pid).starttime, "run-1")
+        assert restart.ask_again(sup, since) is None
+        launch.write_pidfile(pidfile, other, proctable.read_process(other).starttime, "run-2")
+        assert restart.ask_again(sup, since) == f"a trainer runs again (PID {other}), started by someone else"
+        run_spec.mark(directory, "stopped", "alice")
+        assert restart.ask_again(sup, since) == "alice: the run is wanted stopped"
+    finally:
+        own.kill()
+        own.wait()
+        os.kill(other, signal.SIGKILL)
 
 
 def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_the_caller_up():
