@@ -49,8 +49,7 @@ def preflight(params, check_mode=False):
           f"{model}: " + ("config.json present" if has_config
                           else "no config.json" if os.path.isdir(model) else "missing")
           + (f", to be staged from {plan['source']}" if plan and plan["needed"] else ""),
-          "the model lives in /dev/shm, which is wiped when the CT restarts: copy it back, or set "
-          "trainer_model_stage to its persistent copy" if model.startswith("/dev/shm") else "")
+          shm_hint(model))
     data = params["data_dir"]
     entries = os.listdir(data) if os.path.isdir(data) else None
     check("data_dir", bool(entries),
@@ -88,9 +87,16 @@ def model_refusal(label, model, staged_to=()):
     launch stages first (a target in staged_to) is there by then."""
     if os.path.isfile(os.path.join(model, "config.json")) or model.rstrip("/") in staged_to:
         return None
-    hint = (": the model lives in /dev/shm, which is wiped when the CT restarts; copy it back, or set "
-            "trainer_model_stage to its persistent copy" if model.startswith("/dev/shm") else "")
-    return f"{label} {model}: " + ("no config.json" if os.path.isdir(model) else "missing") + hint
+    hint = shm_hint(model)
+    return f"{label} {model}: " + ("no config.json" if os.path.isdir(model) else "missing") + (f": {hint}" if hint else "")
+
+
+def shm_hint(model):
+    """What to do about a model missing from /dev/shm, or "" for a model elsewhere."""
+    if not model.startswith("/dev/shm"):
+        return ""
+    return "the model lives in /dev/shm, which is wiped when the CT restarts; copy it back, or set " \
+        "trainer_model_stage to its persistent copy"
 
 
 def launch_refusals(params, probe=True):
