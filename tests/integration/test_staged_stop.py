@@ -310,8 +310,14 @@ def test_no_graceful_wait_for_checkpoint_stops_right_after_it(ct, tmp_path):
     assert sent[0]["t"] - landed[0]["t"] < 1.0
     loss = result["loss"]
     assert loss["last_logged_step"] == last_step_in_log(ct)
-    assert loss["steps_lost"] == loss["last_logged_step"] - loss["checkpoint_step"]
-    assert loss["steps_lost"] <= 50  # under a second of 20 ms steps
+    if loss["ahead_of_log"] is not None:
+        # the trainer saves a step before it logs it: the SIGTERM came between the two (under load),
+        # and the loss is said as the checkpoint ahead of the log, never counted
+        assert loss["steps_lost"] is None and loss["ahead_of_log"] == loss["checkpoint_step"] - loss["last_logged_step"]
+        assert f"is {loss['ahead_of_log']} steps ahead" in result["msg"], result["msg"]
+    else:
+        assert loss["steps_lost"] == loss["last_logged_step"] - loss["checkpoint_step"]
+        assert loss["steps_lost"] <= 50  # under a second of 20 ms steps
     assert loss["checkpoint"] == landed[0]["path"]
     after = ct.processes()
     assert "train_dflash" not in after and "run.sh" not in after  # workers included
