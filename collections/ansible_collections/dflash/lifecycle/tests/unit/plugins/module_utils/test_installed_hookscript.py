@@ -28,7 +28,8 @@ def tool(path, body):
 
 @pytest.fixture
 def node(tmp_path):
-    """A node: its snippets directory with the script, and a bin/ whose pct, pvesh and ssh log their argv."""
+    """A node: its snippets directory with the script, and a bin/ whose pct, pvesh and ssh log their argv,
+    one line each under a flock: the hook calls them side by side, and two writes each would interleave."""
     snippets, bin_dir = tmp_path / "snippets", tmp_path / "bin"
     (snippets / hook.POLICY_DIR).mkdir(parents=True)
     bin_dir.mkdir()
@@ -37,7 +38,7 @@ def node(tmp_path):
     script.chmod(0o755)
     log = tmp_path / "calls.log"
     for name in ("pct", "ssh"):
-        tool(bin_dir / name, f'printf "%s\\0" {name} "$@" >> {log}; printf "\\n" >> {log}\n'
+        tool(bin_dir / name, f'{{ flock 9; printf "%s\\0" {name} "$@" >&9; printf "\\n" >&9; }} 9>> {log}\n'
                              f'. {tmp_path}/{name}.behaviour\n')
         (tmp_path / f"{name}.behaviour").write_text("echo 'dflash pre-stop: stopped PID 7, 0 steps lost'\n")
     return tmp_path
