@@ -17,7 +17,7 @@ from testlib import LiveTestbed, TESTBED_INVENTORY, testbed_mod
 # and test_supervise_real_trainer.py, added 2026-12-06, by the 82 s it took alone); the rest follow. In this order the four workers end
 # within a second of each other in a simulation on those figures (614 s each), as three did on the
 # figures of 2026-12-03, where a file left out (147 s) made one worker end 80 s after the others.
-# With five workers (PYTEST_WORKERS=5; 2026-12-06, the files' durations of one run: 4110 s) the simulation
+# With five workers (the default of tests/run-all.sh since 2026-12-06; the files' durations of one run: 4110 s) the simulation
 # ends them within 7 s of each other (819 to 826 s), 4 s after the best order it finds.
 LONGEST_FIRST = ("test_layout_redeploys.py", "test_faults.py", "test_gang_as_run.py", "test_gang.py",
                  "test_controller_death.py", "test_monitoring.py", "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
