@@ -136,22 +136,35 @@ class LogFollower:
         return self
 
 
+def _mtime_ns(path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
 class Collector:
     """The samples of one CT's run, from its lifecycle directory."""
 
     def __init__(self, directory):
         self.directory = directory
         self.log = LogFollower()
-        self.checkpoints = (None, 0.0, {})  # (key, when listed, facts)
+        self.checkpoints = (None, 0.0, None, False, {})  # (key, when listed, directory mtime, a save under way, facts)
         self.trainer = (None, {})  # ((pid, starttime), {launcher, started})
 
     def _checkpoint_facts(self, launch, now):
+        """The newest complete checkpoint's step and age, and the interval. Listed again when the
+        directory changed (a save's new entry, its rename into place), while the last listing saw a
+        save under way (its files land inside its entry), and every CHECKPOINT_TTL_S: the steps
+        since the checkpoint are the log's of now less the checkpoint's, and a listing kept after a
+        save landed would count the steps it saved as exposed (a whole TTL of them)."""
         key = (launch.get("checkpoint_dir"), launch.get("checkpoint_format"),
                json.dumps(launch.get("checkpoint_custom"), sort_keys=True))
-        cached_key, listed_at, facts = self.checkpoints
-        if key == cached_key and now - listed_at < CHECKPOINT_TTL_S:
+        changed = _mtime_ns(key[0]) if key[0] else None
+        cached_key, listed_at, cached_changed, saving, facts = self.checkpoints
+        if key == cached_key and changed == cached_changed and not saving and now - listed_at < CHECKPOINT_TTL_S:
             return facts
-        facts = {}
+        facts, saving = {}, False
         if key[0]:
             try:
                 directory = checkpoints.Directory(key[0], key[1] or "auto", launch.get("checkpoint_custom"))
@@ -163,9 +176,11 @@ class Collector:
                     facts.update(step=done[-1][1]["step"], mtime=done[-1][1]["mtime"])
                 if len(done) > 1 and None not in (done[-1][1]["step"], done[-2][1]["step"]):
                     facts["interval"] = done[-1][1]["step"] - done[-2][1]["step"]
+                # an incomplete entry changed lately is a save being written; an old one, a crash's leftover
+                saving = any(not info["complete"] and now - info["mtime"] < CHECKPOINT_TTL_S for info in infos.values())
             except Exception:  # an unreadable directory, a layout that no longer fits: no figure, no crash
                 facts = {}
-        self.checkpoints = (key, now, facts)
+        self.checkpoints = (key, now, changed, saving, facts)
         return facts
 
     def _trainer_facts(self, entry):

@@ -105,6 +105,38 @@ def test_the_log_is_read_from_where_the_last_scrape_left_it(lifecycle, tmp_path)
     assert one(served(collector.render()), "dflash_run_step") == 7
 
 
+def test_a_save_that_lands_between_scrapes_is_seen_by_the_next(lifecycle, tmp_path):
+    """The checkpoints are listed again when the directory changes, and while a save is under way
+    at a listing, not only every CHECKPOINT_TTL_S: else the steps a save just kept stay counted as
+    exposed for up to a minute (DflashCheckpointExposed fired on a run saving every 25 s)."""
+    collector = metrics.Collector(str(lifecycle))
+    ckpt, log = tmp_path / "ckpt", tmp_path / "train.log"
+    assert one(served(collector.render()), "dflash_run_steps_since_checkpoint") == 30
+    # a save under way: its entry there, its weights not yet
+    os.makedirs(ckpt / "step_300")
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("step 300 epoch 0 loss 2.4 tok/s 119.0\n")
+    found = served(collector.render())
+    assert one(found, "dflash_checkpoint_newest_step") == 200 and one(found, "dflash_run_steps_since_checkpoint") == 100
+    stamp = os.stat(ckpt).st_mtime_ns
+    write(str(ckpt / "step_300" / "model.bin"), "x")  # inside the entry: the directory itself unchanged
+    assert os.stat(ckpt).st_mtime_ns == stamp
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("step 330 epoch 0 loss 2.3 tok/s 119.0\n")
+    found = served(collector.render())
+    assert one(found, "dflash_checkpoint_newest_step") == 300 and one(found, "dflash_run_steps_since_checkpoint") == 30
+    # the next save whole between two scrapes: its new entry changes the directory
+    write(str(ckpt / "step_400" / "model.bin"), "x")
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("step 410 epoch 0 loss 2.2 tok/s 119.0\n")
+    found = served(collector.render())
+    assert one(found, "dflash_checkpoint_newest_step") == 400 and one(found, "dflash_run_steps_since_checkpoint") == 10
+    # nothing changed and nothing under way: the listing of before is served, not made again
+    listed_at = collector.checkpoints[1]
+    collector.render()
+    assert collector.checkpoints[1] == listed_at
+
+
 def test_a_stopped_run_is_down_and_wanted_stopped(lifecycle):
     spec = json.loads((lifecycle / "run.json").read_text())
     os.unlink(spec["launch"]["pidfile"])
