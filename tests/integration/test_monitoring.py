@@ -314,6 +314,12 @@ def test_8_every_query_of_the_dashboard_returns_data(monitored):
     assert firing - {("DflashThroughputRegression", "ct500"), ("DflashThroughputRegression", "ct501")} == {
         ("DflashCrashLoop", "ct501"), ("DflashRunDown", "ct501"), ("DflashNoProxmoxHook", "ct501"),
         ("DflashHang", "ct500")}, firing
+    # the steps exposed never passed a save interval (500) and a progress line (50): the checkpoints are
+    # listed again once a save lands, not a minute later with its steps still counted as exposed
+    exposed = prometheus.get("/api/v1/query_range", query="max(dflash_run_steps_since_checkpoint)",
+                             start=prometheus.started, end=time.time(), step="1s")
+    highest = max(float(value) for series in exposed["data"]["result"] for _at, value in series["values"])
+    assert highest <= 550, (highest, exposed["data"]["result"])
     if os.environ.get("DFLASH_MONITORING_SCREENSHOTS"):
         screenshots(prometheus, os.environ["DFLASH_MONITORING_SCREENSHOTS"])
 
