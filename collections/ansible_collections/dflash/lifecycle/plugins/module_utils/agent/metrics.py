@@ -31,7 +31,7 @@ import time
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
-from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
+from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_files, checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
@@ -136,13 +136,6 @@ class LogFollower:
         return self
 
 
-def _mtime_ns(path):
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
 class Collector:
     """The samples of one CT's run, from its lifecycle directory."""
 
@@ -160,7 +153,7 @@ class Collector:
         save landed would count the steps it saved as exposed (a whole TTL of them)."""
         key = (launch.get("checkpoint_dir"), launch.get("checkpoint_format"),
                json.dumps(launch.get("checkpoint_custom"), sort_keys=True))
-        changed = _mtime_ns(key[0]) if key[0] else None
+        changed = checkpoint_files.mtime_ns(key[0]) if key[0] else None
         cached_key, listed_at, cached_changed, saving, facts = self.checkpoints
         if key == cached_key and changed == cached_changed and not saving and now - listed_at < CHECKPOINT_TTL_S:
             return facts

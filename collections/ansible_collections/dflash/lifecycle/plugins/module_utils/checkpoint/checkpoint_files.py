@@ -241,17 +241,18 @@ def dcp_problems(path, files):
         return []
     if not has_dcp_metadata(files):
         return [NO_DCP_METADATA]
-    metadata = [_mtime_ns(os.path.join(path, f)) for f in files
+    metadata = [mtime_ns(os.path.join(path, f)) for f in files
                 if re.match(r"^(__\d+)?\.metadata$", os.path.basename(f))]
     written = max((m for m in metadata if m is not None), default=None)
     if written is None:  # torchtitan's HF index: no DCP metadata to compare with
         return []
-    later = [f for f in data if (_mtime_ns(os.path.join(path, f)) or 0) > written]
+    later = [f for f in data if (mtime_ns(os.path.join(path, f)) or 0) > written]
     return [f"{', '.join(later)} written after .metadata (a later save into this checkpoint: the data "
             ".metadata describes is overwritten, cut short if that save did not finish)"] if later else []
 
 
-def _mtime_ns(path):
+def mtime_ns(path):
+    """path's mtime in nanoseconds; None when it is gone."""
     try:
         return os.stat(path).st_mtime_ns
     except OSError:
