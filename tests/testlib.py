@@ -251,12 +251,12 @@ TORCH_PYTHON = os.path.join(REPO, ".venv-torch", "bin", "python")
 GANG_MODEL = "/workspace/models/target"
 
 
-def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
+def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False, ranks_per_ct=2):
     """A testbed of its own for a gang: two nodes on loopback (<loopback>.1, .2), a CT on each -
     ct400 (rank 0) and ct401 (rank 1) of gang dflash_big, on the testbed's cluster network
     (<cluster_net>.1, .2 in a network namespace of the testbed's own) and sharing one checkpoint
-    directory (a bind mount point, as shared storage is) - each running a torchrun agent with 2 CPU
-    ranks over gloo. Both CTs are unprivileged, as Proxmox creates them, and the shared directory is
+    directory (a bind mount point, as shared storage is) - each running a torchrun agent with
+    ranks_per_ct CPU ranks over gloo (1: DFlash's own shape, one process over the CT's 2 GPUs). Both CTs are unprivileged, as Proxmox creates them, and the shared directory is
     handed to their root as the nodes see it (uid 100000, the same map on both). With solo, ct402 on the
     first node runs the same alone (torchrun --standalone), privileged."""
     shared = f"{state_dir}/shared/checkpoints,mp=/workspace/checkpoints"
@@ -270,7 +270,7 @@ def make_gang_inventory(root, state_dir, loopback, cluster_net, solo=False):
     if solo:
         cts["ct402"] = {"pve_node": "gn1", "ansible_pct_vmid": 402, "testbed_gpu_count": 2,
                         "trainer_run_launcher_options": {"nproc_per_node": 2, "standalone": True}}
-    settings = {"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": 2},
+    settings = {"trainer_run_launcher": "torchrun", "trainer_run_launcher_options": {"nproc_per_node": ranks_per_ct},
                 "trainer_run_python": TORCH_PYTHON, "dflash_target_gpus": [0], "dflash_drafter_gpus": [1],
                 "dflash_profile_interval": 20,
                 # on the CT's disk: a CT restart (test_gang.py tests 11, 12) keeps it, and no launch starts without it

@@ -1,6 +1,7 @@
 """One run across two CTs on two nodes (a gang): real torchrun agents in ct400 (node gn1) and ct401
-(node gn2), two CPU ranks each over gloo, rendezvous at ct400 over the testbed's cluster network
-(a network namespace of the testbed's own), one checkpoint directory shared by a bind mount point.
+(node gn2), one CPU rank each over gloo (DFlash's own shape: one process over a CT's GPUs),
+rendezvous at ct400 over the testbed's cluster network (a network namespace of the testbed's own),
+one checkpoint directory shared by a bind mount point.
 A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user drives it:
 `make check|restart HOST=dflash_big INVENTORY=...`.
 
@@ -16,11 +17,12 @@ A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user dr
 8. `make rollback` stops both together and relaunches both on the previous release from the new
    checkpoint, a run whose rank 0 saves alone and whose ranks take the stop request;
 9. `make stop` of that run through the stop request: written in both CTs at the gang's moment,
-   every rank stops at one step, rank 0's checkpoint, no signal sent.
+   every rank stops at one step, rank 0's checkpoint, no signal sent to a rank; ct401's rank
+   aborts on its way out, so ct400's torchrun agent, left in its exit barrier, is ended.
 
-Gangs as people run them (rank 0 saving alone, a failed stop phase, torch found through
-dflash_env, one rank per CT) are tests/integration/test_gang_as_run.py's, on a gang testbed of
-their own so that both files run side by side.
+Gangs as people run them (two ranks in each CT, rank 0 saving alone, a failed stop phase, torch
+found through dflash_env, the refused rank counts) are tests/integration/test_gang_as_run.py's, on a
+gang testbed of their own so that both files run side by side.
 """
 
 import contextlib
@@ -36,16 +38,21 @@ import pytest
 from testlib import GANG, GANG_MODEL, REPO, OwnTestbed, make_gang_inventory, task_ran, tool_env, trainer_source, wait_for
 
 STATE = "/var/lib/dflash-testbed/gang"
-# a run whose rank 0 saves alone and whose ranks take the stop request (tests 8 and 9)
+# a run whose rank 0 saves alone and whose ranks take the stop request, the others aborting on
+# their way out (tests 8 and 9)
 TAKES_REQUESTS = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
-                                 "DFLASH_TEST_STOP_REQUEST": "take"}}
+                                 "DFLASH_TEST_STOP_REQUEST": "take", "DFLASH_TEST_ABORT_AT_EXIT": "1"}}
 CTS = {"ct400": ("gn1", 400), "ct401": ("gn2", 401)}
+# the torchrun workers of each CT: every launch of a rank imports torch (about 1.5 s of CPU), and
+# several ranks in one CT are test_gang_as_run.py's
+RANKS_PER_CT = 1
 CKPT = "/workspace/checkpoints"
 
 
 class Gang(OwnTestbed):
-    def __init__(self, inventory):
+    def __init__(self, inventory, ranks_per_ct):
         super().__init__(inventory, CTS)
+        self.ranks_per_ct = ranks_per_ct
 
     def make(self, target, *extra_vars):
         return self.finish(self.start(target, *extra_vars))
@@ -80,24 +87,26 @@ class Gang(OwnTestbed):
 
     def back_whole(self, old, rounds, timeout=180):
         """{host: its supervisor's state} once the whole gang runs again, relaunched by its supervisors:
-        each CT watching in the round after rounds[host], a new agent (not old[host]'s) with two ranks."""
+        each CT watching in the round after rounds[host], a new agent (not old[host]'s) with all its ranks."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = {host: self.supervisor(host) for host in CTS}
             now = {host: self.run(host) for host in CTS}
             if all(s["state"] == "watching" and s["round"] == rounds[h] + 1 and now[h][0] not in (None, old[h][0])
-                   and len(now[h][1]) == 2 for h, s in states.items()):
+                   and len(now[h][1]) == self.ranks_per_ct for h, s in states.items()):
                 return states
             time.sleep(1)
         raise AssertionError(f"the gang did not come back whole: {states} " + "\n".join(
             self.sh(host, "tail -n 8 /var/lib/dflash/lifecycle/supervisor.log", False) for host in CTS))
 
 
-def running_gang(tmp_path_factory, state_dir, loopback, cluster_net):
-    """A gang testbed of its own (state_dir, nodes on loopback, cluster_net), its CTs given a
-    model and a corpus and the gang launched by `make restart`; taken down at the end."""
-    inventory = make_gang_inventory(str(tmp_path_factory.mktemp("gang") / "inventory"), state_dir, loopback, cluster_net)
-    bed = Gang(inventory)
+def running_gang(tmp_path_factory, state_dir, loopback, cluster_net, ranks_per_ct):
+    """A gang testbed of its own (state_dir, nodes on loopback, cluster_net, ranks_per_ct torchrun
+    workers in each CT), its CTs given a model and a corpus and the gang launched by `make restart`;
+    taken down at the end."""
+    inventory = make_gang_inventory(str(tmp_path_factory.mktemp("gang") / "inventory"), state_dir, loopback, cluster_net,
+                                    ranks_per_ct=ranks_per_ct)
+    bed = Gang(inventory, ranks_per_ct)
     bed.bed.up_fresh()
     try:
         for host in CTS:
@@ -112,7 +121,7 @@ def running_gang(tmp_path_factory, state_dir, loopback, cluster_net):
 
 @pytest.fixture(scope="module")
 def gang(tmp_path_factory):
-    yield from running_gang(tmp_path_factory, STATE, "127.77.7", "10.77.9")
+    yield from running_gang(tmp_path_factory, STATE, "127.77.7", "10.77.9", RANKS_PER_CT)
 
 
 def test_1_check_mode_shows_the_whole_plan_for_every_ct_and_touches_nothing(gang):
@@ -132,7 +141,7 @@ def test_1_check_mode_shows_the_whole_plan_for_every_ct_and_touches_nothing(gang
 
 def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoint(gang, tmp_path):
     old = {host: gang.run(host) for host in CTS}
-    assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
+    assert all(agent and len(workers) == RANKS_PER_CT for agent, workers in old.values()), old
     release = trainer_source(tmp_path / "next", lambda t: t + "\n# the next release\n")
     res = gang.make("restart", {"trainer_code_src": release})
     assert res.returncode == 0, res.stdout[-6000:]
@@ -152,13 +161,13 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
                       gang.sh("ct400", "cat /workspace/logs/train.log.1")) == [
         f"checkpoint saved: {CKPT}/{checkpoint} (step {checkpoint[5:]}, interrupt)"]
     for rank, host in enumerate(CTS):
-        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 2 ranks \(1 GPU\(s\) each\) healthy after [0-9.]+s, resumed from "
+        assert re.search(rf"{host} \(rank {rank}\): PID \d+, 1 ranks \(2 GPU\(s\) each\) healthy after [0-9.]+s, resumed from "
                          rf"{CKPT}/{checkpoint}\b", res.out), res.out
     assert f"resumed from {CKPT}/{checkpoint}" in gang.sh("ct400", "cat /workspace/logs/train.log")
     new = {host: gang.run(host) for host in CTS}
     for host in CTS:
         agent, workers = new[host]
-        assert agent and len(workers) == 2, (host, new)
+        assert agent and len(workers) == RANKS_PER_CT, (host, new)
         # nothing of the old run left in either CT
         for pid in [old[host][0], *old[host][1]]:
             assert not gang.sh(host, f"test -d /proc/{pid} && cat /proc/{pid}/cmdline || true"), (host, pid)
@@ -184,7 +193,7 @@ def test_3_a_launch_that_fails_on_one_ct_rolls_both_back_and_names_it(gang, tmp_
     for host in CTS:
         assert gang.current(host) == old_release
         agent, workers = gang.run(host)
-        assert agent and len(workers) == 2, host
+        assert agent and len(workers) == RANKS_PER_CT, host
         assert re.search(rf"{host}: release \w+ .*?rolled back to {old_release}: PID {agent} running again", res.out), res.out
     assert f"resumed from {CKPT}/{checkpoint}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
@@ -251,7 +260,7 @@ def test_7_make_start_launches_both_cts_from_the_gang_checkpoint(gang):
     assert res.returncode == 0, res.stdout[-4000:]
     for host in CTS:
         agent, workers = gang.run(host)
-        assert agent and len(workers) == 2, (host, res.out)
+        assert agent and len(workers) == RANKS_PER_CT, (host, res.out)
     assert f"resumed from {CKPT}/{newest}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
@@ -269,7 +278,7 @@ def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous
     for host in CTS:
         assert gang.current(host) == previous
         agent, workers = gang.run(host)
-        assert agent and len(workers) == 2 and agent != old[host][0], host
+        assert agent and len(workers) == RANKS_PER_CT and agent != old[host][0], host
         assert re.search(rf"ok: \[{host}\] => msg: rolled back to {previous}, PID {agent}", res.out), res.out
     assert f"resumed from {stopped.group('checkpoint')}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
@@ -278,12 +287,16 @@ def test_9_make_stop_of_ranks_that_take_the_request_stops_every_rank_at_one_step
     """Rank 0 saves alone (the other ranks leave without saving) and the ranks take the stop
     request (test 8's run): with saves_on auto the run announced it, so each CT's stop writes its
     request at the gang's moment, the ranks agree on one step through their all-reduce, and no
-    CT's stop sends a signal."""
+    rank gets a signal. ct401's rank aborts on its way out (SIGABRT, as one whose C++ threads
+    outlive it): its agent fails, so ct400's agent, its rank gone, would wait out torchrun's 300 s
+    exit barrier for it; its stop ends that wait (SIGTERM, then SIGKILL) and says so."""
     res = gang.make("stop", {"trainer_run_saves_on": "auto"})
     assert res.returncode == 0, res.stdout[-6000:]
+    signals = {"ct400": r"no signal sent to its workers \(its agent, left waiting in its exit barrier once they had "
+                        r"exited, got SIGTERM, then SIGKILL\)", "ct401": "no signal sent"}
     steps = {}
     for host in CTS:
-        line = re.search(rf"ok: \[{host}\] => msg: '?stopped PID \d+ by the stop request in [0-9.]+s, no signal sent "
+        line = re.search(rf"ok: \[{host}\] => msg: '?stopped PID \d+ by the stop request in [0-9.]+s, {signals[host]} "
                          r"\(request \w+, acknowledged at step (\d+)", res.out)
         assert line, (host, res.out)
         steps[host] = int(line.group(1))
@@ -294,6 +307,11 @@ def test_9_make_stop_of_ranks_that_take_the_request_stops_every_rank_at_one_step
     assert stopped, res.out
     assert all(gang.run(host) == (None, []) for host in CTS)
     assert f"stop request at step {step}: checkpoint saved, exiting" in gang.sh("ct400", "cat /workspace/logs/train.log")
+    assert "(SIGABRT)" in gang.sh("ct401", "cat /workspace/logs/train.log")
+    result = json.loads(gang.sh("ct400", "cat /run/dflash/stop.result.json"))["result"]
+    # the barrier waits in a C++ call: SIGTERM's handler would run only once it returned
+    assert result["request"]["agent_ended"]["signals"] == ["SIGTERM", "SIGKILL"], result["request"]
+    assert [e["signal"] for e in result["timeline"] if e["event"] == "agent_ended"] == ["SIGTERM", "SIGKILL"]
 
 
 def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_finish_it(gang, tmp_path):
@@ -336,7 +354,7 @@ def test_10_a_controller_killed_in_the_gangs_stop_leaves_the_cts_workers_to_fini
         record = json.loads(gang.sh(host, "cat /var/lib/dflash/last-change.json"))
         assert record["failed"] is False, (host, record)
         agent, workers = gang.run(host)
-        assert agent and agent != old[host] and len(workers) == 2, (host, record)
+        assert agent and agent != old[host] and len(workers) == RANKS_PER_CT, (host, record)
         assert gang.sh(host, "test -e /run/dflash/redeploy.lock || echo free").strip() == "free"
         releases.add(gang.current(host))
     assert len(releases) == 1 and "after a dead controller" in gang.sh(
@@ -401,7 +419,7 @@ def test_11_both_cts_stopped_by_proxmox_keep_the_gangs_checkpoint_and_come_back_
         record = relaunched_since(gang, host, began)
         assert record["failed"] is False, (host, record)
         agent, workers = gang.run(host)
-        assert agent and len(workers) == 2 and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
+        assert agent and len(workers) == RANKS_PER_CT and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
     assert f"resumed from {checkpoint.group(1)}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
@@ -428,7 +446,7 @@ def test_12_one_member_rebooted_by_proxmox_stops_and_brings_back_the_whole_gang(
         record = relaunched_since(gang, host, began)
         assert record["failed"] is False, (host, record)
         agent, workers = gang.run(host)
-        assert agent and len(workers) == 2 and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
+        assert agent and len(workers) == RANKS_PER_CT and gang.sh(host, "cat /run/dflash/trainer.pid") != old[host], (host, record)
 
 
 def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_supervisors(gang):
@@ -438,7 +456,7 @@ def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_super
     down, both relaunch after one back-off into one rendezvous, resuming from the gang's newest
     checkpoint: every rank runs again, counted once for the gang."""
     old = {host: gang.run(host) for host in CTS}
-    assert all(agent and len(workers) == 2 for agent, workers in old.values()), old
+    assert all(agent and len(workers) == RANKS_PER_CT for agent, workers in old.values()), old
     # the run's generation since the job's launch (the hook's relaunches of tests 11 and 12 count too)
     rounds = {host: gang.supervisor(host)["round"] for host in CTS}
     assert len(set(rounds.values())) == 1, rounds

@@ -26,7 +26,7 @@ STATE = "/var/lib/dflash-testbed/gang-as-run"
 
 @pytest.fixture(scope="module")
 def gang(tmp_path_factory):
-    yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11")
+    yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11", ranks_per_ct=2)
 
 
 def in_each_ct(gang, command):

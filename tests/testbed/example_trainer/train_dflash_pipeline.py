@@ -61,6 +61,9 @@ Test-only misbehaviour switches (environment variables; never set in production)
   DFLASH_TEST_RANK0_SAVES_ALONE=1     under a launcher, rank 0 saves on an interrupt and the
                                       other ranks exit at once, as `if dist.get_rank() == 0:
                                       save(...)` trainers do (no barrier for its save)
+  DFLASH_TEST_ABORT_AT_EXIT=1         a rank other than 0 that ends by the stop request aborts on
+                                      its way out (SIGABRT), as one whose C++ threads outlive it
+                                      does ("terminate called without an active exception")
   DFLASH_TEST_LOG_FILE=PATH           log through a logging.FileHandler on PATH, held open for the
                                       whole run (HF Trainer's and Lightning's file loggers), not
                                       stdout: stdout then gets only what print()s there (the
@@ -700,6 +703,8 @@ def train(args):
                 checkpointer.ranks.barrier()  # the other ranks wait for rank 0's save
                 stop_workers(workers)
                 log(f"stop request at step {state['step']}: checkpoint saved, exiting")
+                if os.environ.get("DFLASH_TEST_ABORT_AT_EXIT") == "1" and os.environ.get("RANK", "0") != "0":
+                    os.abort()
                 return 0
             t_optim = time.perf_counter()
             spare = step_seconds - (time.perf_counter() - began)

@@ -298,7 +298,7 @@ class Climb:
             return 0.0
 
         self.refresh()
-        remaining = self.targets.wait_gone(self.targets.alive(), cap, on_tick=on_tick)
+        remaining = self._exit_after_request(cap, on_tick)
         request.poll()
         record.update(taken=request.acknowledged is not None, saved=request.saved)
         if request.saved is not None:
@@ -314,6 +314,41 @@ class Climb:
         record["exit_after_s"] = round(time.time() - record["body"]["requested_at"], 3)
         self.event(event="stopped", stage=-1, signal=None)
         return {"stage": -1, "signal": None, "scope": "request"}
+
+    def _exit_after_request(self, cap, on_tick):
+        """The run's own save and exit after its request was taken, up to cap seconds; what still
+        runs then. A launcher's agent whose workers have all exited waits in torchrun's exit
+        barrier (up to 300 s) for the agents of the gang's other CTs - for all of it when one of
+        them failed instead (a rank that aborted on its way out). Nothing is left to save when
+        the agents are all that is left of the run: after AFTER_MAIN_GRACE they get SIGTERM, and
+        SIGKILL after AFTER_MAIN_GRACE more (the barrier waits in a C++ call, where no Python
+        handler runs), and the request's record says so."""
+        began = time.monotonic()
+
+        def rest():
+            return max(0.0, cap - (time.monotonic() - began))
+
+        if self.launch is None or not self.launch.workers:
+            return self.targets.wait_gone(self.targets.alive(), cap, on_tick=on_tick)
+        if self.targets.wait_gone([p.identity for p in self.launch.workers], cap, on_tick=on_tick):
+            return set(self.targets.alive())
+        self.refresh()
+        left = self.targets.wait_gone(self.targets.alive(), min(AFTER_MAIN_GRACE, rest()), on_tick=on_tick)
+        agents = {p.identity for p in self.launch.holders} & left
+        if not agents or left - agents:
+            return self.targets.wait_gone(left, rest(), on_tick=on_tick) if left else left
+        ended = self.result["request"]["agent_ended"] = {
+            "pids": sorted(ident[0] for ident in agents), "signals": [],
+            "after_workers_s": round(time.monotonic() - began, 3)}
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            sending = self.clock()
+            sent = sorted(ident[0] for ident in agents if self.targets.send(ident, sig))
+            ended["signals"].append(sig.name)
+            self.event(sending, event="agent_ended", signal=sig.name, pids=sent)
+            agents = self.targets.wait_gone(agents, AFTER_MAIN_GRACE, on_tick=on_tick)
+            if not agents:
+                break
+        return self.targets.wait_gone(self.targets.alive(), rest(), on_tick=on_tick)
 
     def wait_for_moment(self, what):
         """Hold the first signal until signal_at (the wall clock's seconds since the epoch), the

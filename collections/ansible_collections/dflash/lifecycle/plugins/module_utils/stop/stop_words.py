@@ -44,6 +44,16 @@ def checkpoint_words(ckpt):
     return words
 
 
+def request_signals(result):
+    """The signals of a stop by its request: none, or SIGTERM to the launcher's agent left alone in its
+    exit barrier once its workers had exited (ladder.Ladder._exit_after_request)."""
+    ended = (result.get("request") or {}).get("agent_ended")
+    if ended:
+        return ("no signal sent to its workers (its agent, left waiting in its exit barrier once they had exited, "
+                f"got {', then '.join(ended['signals'])})")
+    return "no signal sent"
+
+
 def summary(result, main_pid, started):
     took = round(time.monotonic() - started, 1)
     launch = result.get("launcher")
@@ -57,7 +67,7 @@ def summary(result, main_pid, started):
     if result["survivors"]:
         head = f"PID {main_pid} NOT stopped after {took}s"
     elif result["stopped_by"] and result["stopped_by"]["scope"] == "request":
-        head = f"stopped PID {main_pid} by the stop request in {took}s, no signal sent ({request_words(result)})"
+        head = f"stopped PID {main_pid} by the stop request in {took}s, {request_signals(result)} ({request_words(result)})"
     elif result["stopped_by"]:
         by = result["stopped_by"]
         head = f"stopped PID {main_pid} at stage {by['stage'] + 1} ({by['signal']}) in {took}s"
