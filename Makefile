@@ -106,15 +106,18 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 	$(BIN)/ansible-playbook -i $(TESTBED_INVENTORY) redeploy.yml -l ct200
 
 
-# the three venvs are built side by side (pip mostly waits on unpacking and building wheels);
+# the three venvs are built side by side (pip mostly waits on unpacking and building wheels), and
+# beside them apt installs the rest of the host's packages (on a fresh machine apt mostly waits on
+# downloads and dpkg): only python3 and its venv module come first, the venvs are made with them;
 # FILE=... runs only those test files or node ids, on as many workers as files (up to 4), each
 # integration file with a testbed of its own: the loop of a change to one area
-test: host-packages ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
+test: ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
+	@tests/testbed/install-host-packages.sh python3 python3-venv
 ifeq ($(strip $(FILE)),)
-	@$(MAKE) --no-print-directory -j3 venv venv-next venv-torch
+	@$(MAKE) --no-print-directory -j4 host-packages venv venv-next venv-torch
 	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 else
-	@$(MAKE) --no-print-directory -j2 venv venv-torch
+	@$(MAKE) --no-print-directory -j3 host-packages venv venv-torch
 	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \
 	  $(if $(filter-out 1,$(words $(FILE))),-n $$(( $(words $(FILE)) < 4 ? $(words $(FILE)) : 4 )) --dist loadfile) \
 	  $(PYTEST_ARGS) $(FILE) < /dev/null

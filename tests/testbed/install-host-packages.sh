@@ -2,9 +2,17 @@
 # Debian packages the testbed and the tests need on the host (root, no GPU, no Proxmox):
 # real LXC containers, tini as their init, OpenSSH for the "nodes", the system python3
 # that the nodes' pct stand-in and the CTs run, and Prometheus (prometheus, promtool) for the
-# monitoring's tests. Installs only what is missing; starts no service.
+# monitoring's tests. Installs only what is missing; starts no service. With arguments, only those
+# of them (make test installs python3 and python3-venv first: its venvs are built beside the rest).
+# Usage: install-host-packages.sh [PACKAGE...]
 set -euo pipefail
 packages=(lxc tini openssh-server openssh-client python3 python3-venv procps util-linux iproute2 prometheus)
+if [ $# -gt 0 ]; then
+  for pkg in "$@"; do
+    [[ " ${packages[*]} " == *" $pkg "* ]] || { echo "install-host-packages: $pkg is not one of: ${packages[*]}" >&2; exit 2; }
+  done
+  packages=("$@")
+fi
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
