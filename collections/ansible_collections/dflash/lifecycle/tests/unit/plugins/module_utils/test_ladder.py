@@ -1,9 +1,15 @@
 """module_utils/stop/ladder.py: which stage can make the trainer checkpoint."""
 
+import os
 import signal
+import subprocess
+import sys
+import time
+
+import pytest
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import ladder
+from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import ladder, target_set
 from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import DEFAULT_LADDER, validate_ladder
 
 BIT = {s: 1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -75,3 +81,81 @@ def test_not_knowing_what_the_trainer_does_is_no_graceful_stage(fake):
 def main_with_default(fake):
     fake.add(9, "python3", 1, sig_cgt=BIT[signal.SIGTERM])
     return proctable.read_process(9, fake.path)
+
+
+# an agent whose worker exits at once, then that waits as torchrun's does in its exit barrier: in
+# a C++ call no handler interrupts (SIGTERM ignored here), or in Python (SIGTERM ends it)
+AGENT = """
+import signal, subprocess, sys, time
+if sys.argv[1] == "ignores":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+print(worker.pid, flush=True)
+worker.wait()
+if sys.argv[1] == "with-child":
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+time.sleep(60)
+"""
+
+
+class _Launch:
+    def __init__(self, agent, worker):
+        self.workers, self.holders = [worker], [agent]
+
+
+def _climb_after_request(tmp_path, monkeypatch, how):
+    """A Climb at the wait after a taken request, over a real agent and its worker (what staged_stop
+    builds, less what this wait does not read)."""
+    monkeypatch.setattr(ladder, "AFTER_MAIN_GRACE", 0.5)
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    proc = subprocess.Popen([sys.executable, str(script), how], stdout=subprocess.PIPE, text=True)
+    worker_pid = int(proc.stdout.readline())
+    agent, worker = proctable.read_process(proc.pid), proctable.read_process(worker_pid)
+    targets = target_set.Targets()
+    assert targets.add(agent, "main") and targets.add(worker, "tree")
+    climb = object.__new__(ladder.Climb)
+    climb.launch, climb.targets, climb.started = _Launch(agent, worker), targets, time.monotonic()
+    climb.result = {"request": {}, "timeline": []}
+    climb.refresh = lambda: None
+    return climb, proc
+
+
+@pytest.mark.parametrize("how, signals", [("ignores", ["SIGTERM", "SIGKILL"]), ("ends", ["SIGTERM"])])
+def test_an_agent_left_alone_after_its_workers_exited_is_ended_and_said(tmp_path, monkeypatch, how, signals):
+    climb, proc = _climb_after_request(tmp_path, monkeypatch, how)
+    try:
+        left = climb._exit_after_request(30.0, lambda now, final: 0.0)
+        assert not left and proc.wait(timeout=5) == -signal.Signals[signals[-1]]
+        assert climb.result["request"]["agent_ended"]["signals"] == signals
+        assert climb.result["request"]["agent_ended"]["pids"] == [proc.pid]
+        assert [e["signal"] for e in climb.result["timeline"] if e["event"] == "agent_ended"] == signals
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def worker_pid(climb):
+    return climb.launch.workers[0].pid
+
+
+def test_an_agent_with_a_process_of_the_run_beside_it_is_not_signalled(tmp_path, monkeypatch):
+    """Something of the run besides the agents still runs (a child forked after its workers): the
+    wait goes on to the cap, nothing signalled."""
+    climb, proc = _climb_after_request(tmp_path, monkeypatch, "with-child")
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := [p for p in proctable.snapshot().values() if p.ppid == proc.pid and p.pid != worker_pid(climb)]):
+            assert time.monotonic() < deadline, "the agent started no child after its worker"
+            time.sleep(0.05)
+        child = children[0]  # started once the worker was gone
+        assert climb.targets.add(child, "tree")
+        left = climb._exit_after_request(1.5, lambda now, final: 0.0)
+        assert left == {proctable.read_process(proc.pid).identity, child.identity}
+        assert "agent_ended" not in climb.result["request"] and proc.poll() is None
+    finally:
+        for p in proctable.snapshot().values():
+            if p.ppid == proc.pid:
+                os.kill(p.pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
