@@ -336,7 +336,7 @@ class Climb:
         left = self.targets.wait_gone(self.targets.alive(), min(AFTER_MAIN_GRACE, rest()), on_tick=on_tick)
         agents = {p.identity for p in self.launch.holders} & left
         if not agents or left - agents:
-            return self.targets.wait_gone(left, rest(), on_tick=on_tick) if left else left
+            return self.targets.wait_gone(left, rest(), on_tick=on_tick)
         ended = self.result["request"]["agent_ended"] = {
             "pids": sorted(ident[0] for ident in agents), "signals": [],
             "after_workers_s": round(time.monotonic() - began, 3)}

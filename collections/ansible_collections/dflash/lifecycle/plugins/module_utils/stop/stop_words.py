@@ -45,8 +45,8 @@ def checkpoint_words(ckpt):
 
 
 def request_signals(result):
-    """The signals of a stop by its request: none, or SIGTERM to the launcher's agent left alone in its
-    exit barrier once its workers had exited (ladder.Ladder._exit_after_request)."""
+    """The signals of a stop by its request: none, or those of the launcher's agent left alone in its
+    exit barrier once its workers had exited (SIGTERM, then SIGKILL: ladder.Climb._exit_after_request)."""
     ended = (result.get("request") or {}).get("agent_ended")
     if ended:
         return ("no signal sent to its workers (its agent, left waiting in its exit barrier once they had exited, "
