@@ -165,8 +165,9 @@ def _stop_words(stop, data):
         request = data["request"] or {}
         if data["stopped_by"]["scope"] == "request":
             ack = request.get("acknowledged")
-            sent = ("no signal sent to the workers, one to the agent left in its exit barrier"
-                    if request.get("agent_ended") else "no signal sent")
+            ended = request.get("agent_ended")
+            sent = (f"no signal sent to the workers, {', then '.join(ended['signals'])} to the agent left in its "
+                    "exit barrier" if ended else "no signal sent")
             by = "the stop request" + (f" (taken at step {ack['step']}, {sent})" if ack else f" ({sent})")
         else:
             by = data["stopped_by"]["signal"] + (

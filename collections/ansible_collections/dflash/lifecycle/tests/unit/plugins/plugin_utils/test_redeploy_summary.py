@@ -188,11 +188,13 @@ def test_a_stop_by_the_request_and_a_request_not_taken_say_so():
                       request={"taken": True, "acknowledged": {"id": "r1", "step": 1234}})
     _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=by_request, launch=LAUNCH)
     assert "stopped by the stop request (taken at step 1234, no signal sent) in 2.5s, checkpoint /ck/step_9" in lines[0]
-    # a launcher's agent left in its exit barrier once its workers had exited got SIGTERM: said
-    agent_ended = dict(by_request, request=dict(by_request["request"], agent_ended={"signals": ["SIGTERM"], "pids": [7]}))
-    _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=agent_ended, launch=LAUNCH)
-    assert ("stopped by the stop request (taken at step 1234, no signal sent to the workers, one to the agent left "
-            "in its exit barrier) in 2.5s") in lines[0]
+    # a launcher's agent left in its exit barrier once its workers had exited got SIGTERM, and
+    # SIGKILL where that did not end it: each signal said
+    for signals, words in ((["SIGTERM"], "SIGTERM"), (["SIGTERM", "SIGKILL"], "SIGTERM, then SIGKILL")):
+        agent_ended = dict(by_request, request=dict(by_request["request"], agent_ended={"signals": signals, "pids": [7]}))
+        _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=agent_ended, launch=LAUNCH)
+        assert (f"stopped by the stop request (taken at step 1234, no signal sent to the workers, {words} to the agent "
+                "left in its exit barrier) in 2.5s") in lines[0]
     not_taken = dict(STOP, request={"taken": False, "why": "no acknowledgement in /l within 30s (request_ack_timeout)"})
     _data, lines = summarize(manifest=MANIFEST, preflight=PREFLIGHT, stop=not_taken, launch=LAUNCH)
     assert ("stopped by SIGINT (the stop request was not taken: no acknowledgement in /l within 30s "
