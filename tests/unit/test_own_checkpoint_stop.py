@@ -82,7 +82,10 @@ def assert_signalled_right_after(trainer, result, name):
     landed = [e for e in result["timeline"] if e["event"] == "checkpoint_landed"]
     assert landed and 0 <= sent["t"] - landed[0]["t"] < WITHIN_S, result["timeline"]
     first = os.path.basename(landed[0]["path"])
-    assert first == name or step_of(trainer, first) < step_of(trainer, name), result["timeline"]
+    # the later save's last write fell between that landing and the signal (the coarse clock of the
+    # file system shows a write up to 0.01 s early)
+    assert first == name or (step_of(trainer, first) < step_of(trainer, name)
+                             and mark >= landed[0]["at"] - 0.01), (first, name, mark, result["timeline"])
     return first
 
 
