@@ -1,12 +1,14 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The filter of Prometheus's target list (roles/metrics_targets, docs/monitoring.md)."""
+"""The filter of Prometheus's target list (roles/metrics_targets, docs/monitoring.md).
+
+Its module_utils are imported when it runs (docs/performance.md, "Filters load lazily"): to find any
+one of the collection's filters, ansible-core loads every filter file of it in each task's worker,
+compiling what they import from source."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
 
 
 def prometheus_target(name, vmid, node, listen, target="", gang=""):
@@ -15,6 +17,8 @@ def prometheus_target(name, vmid, node, listen, target="", gang=""):
     CT). None for a CT that serves no metrics (listen empty)."""
     if not listen:
         return None
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
+
     try:
         _host, port = split_listen(listen)
     except ValueError as err:

@@ -1,14 +1,12 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The filter of the Proxmox hook's install (module_utils/agent/hook.py and
-module_utils/node/installed_hookscript.py hold the rules)."""
+module_utils/node/installed_hookscript.py hold the rules). Its module_utils are imported when it
+runs, as filter/monitoring.py says why."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook
-from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
 
 
 def pve_hook_policy(name, vmid, stop, lifecycle_dir, post_start_s, gang_margin_s, gang_names=(), gang_vmids=(),
@@ -16,6 +14,9 @@ def pve_hook_policy(name, vmid, stop, lifecycle_dir, post_start_s, gang_margin_s
     """The policy the node's hookscript keeps for CT vmid (name): every field from the controller's
     inventory; pre_stop_s 0: derived from the run's stop options. pve_hookscript checks it, as the
     hookscript does, before it writes anything."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop.stop_options import InvalidParameter
+
     if len(gang_names) != len(gang_vmids):
         raise AnsibleFilterError("pve_hook_policy: gang_names and gang_vmids differ in length")
     try:
