@@ -85,15 +85,17 @@ class Gang(OwnTestbed):
     def supervisor(self, host):
         return json.loads(self.sh(host, "cat /var/lib/dflash/lifecycle/supervisor.json"))
 
-    def back_whole(self, old, rounds, timeout=180):
+    def back_whole(self, old, rounds, timeout=180, ranks=None):
         """{host: its supervisor's state} once the whole gang runs again, relaunched by its supervisors:
-        each CT watching in the round after rounds[host], a new agent (not old[host]'s) with all its ranks."""
+        each CT watching in the round after rounds[host], a new agent (not old[host]'s) with all its
+        ranks (ranks, else the inventory's ranks_per_ct)."""
+        ranks = ranks or self.ranks_per_ct
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = {host: self.supervisor(host) for host in CTS}
             now = {host: self.run(host) for host in CTS}
             if all(s["state"] == "watching" and s["round"] == rounds[h] + 1 and now[h][0] not in (None, old[h][0])
-                   and len(now[h][1]) == self.ranks_per_ct for h, s in states.items()):
+                   and len(now[h][1]) == ranks for h, s in states.items()):
                 return states
             time.sleep(1)
         raise AssertionError(f"the gang did not come back whole: {states} " + "\n".join(
