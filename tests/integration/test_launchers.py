@@ -50,7 +50,7 @@ def ct(testbed):
         # started before the torch venv existed, or by an older testbed: a restart binds the venv
         # and brings the loopback up
         testbed.ssh(NODE, f"pct stop {VMID} && pct start {VMID}", check=True)
-    # found, not imported: importing the three costs about 3.5 s of CPU, and every test here imports them
+    # found, not imported: importing the three costs about 3.5 s of CPU, and the launches below import them
     found = "import importlib.util as u; assert all(u.find_spec(m) for m in ('torch', 'accelerate', 'deepspeed'))"
     assert sh(testbed, f'{PYTHON} -c "{found}"', check=False).returncode == 0
     sh(testbed, "mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > /dev/shm/models/target/config.json "
