@@ -59,7 +59,7 @@ def test_list_header_and_columns(node):
 def test_list_prints_nothing_without_cts(testbed, tmp_path):
     # a node directory with no CT configs at all
     res = testbed.ssh(NODE, "d=$(mktemp -d) && mkdir -p $d/empty/bin && "
-                            "cp \"$(command -v pct)\" $d/empty/bin/pct && $d/empty/bin/pct list; "
+                            "cp \"$(command -v pct)\" \"$(command -v pct).py\" $d/empty/bin/ && $d/empty/bin/pct list; "
                             "rc=$?; rm -rf $d; exit $rc")
     assert res.returncode == 0
     assert res.stdout == ""

@@ -24,25 +24,11 @@ options from storage.cfg (``content`` and ``nodes`` as comma-separated strings),
 its own copy of the cluster's storage.cfg, its ``dir`` storages' paths under its own directory.
 """
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
 
-
-def _pct():
-    """The node's pct stand-in, installed beside this file (as `pct`, no suffix)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pct")
-    if not os.path.exists(path):
-        path += ".py"  # run from the repository
-    loader = importlib.machinery.SourceFileLoader("pct", path)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("pct", loader))
-    loader.exec_module(module)
-    return module
-
-
-pct = _pct()
+import pct  # the node's stand-in beside this file (bin/pct.py; tests/testbed/pct.py in the repository)
 
 DIE_EXIT = 255
 
