@@ -12,6 +12,7 @@ it loads.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,8 +127,11 @@ def test_a_save_killed_at_any_write_is_judged_as_the_framework_would(out, name, 
     log = out.parent / "train.log"
     log.write_text("step 150 loss 1.0 tok/s 10\n")
     for at in range(1, total + 1):
-        for entry in os.listdir(out):
-            subprocess.run(["rm", "-rf", str(out / entry)], check=True)
+        for entry in os.scandir(out):  # in this process: an `rm` for each write was 1600 processes a run
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
         layout = layouts.named(name, str(out), KIB)
         prior(layout)
         if resave:  # a step or more before: mtimes tick coarsely (a jiffy), a real save is seconds
