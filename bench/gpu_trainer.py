@@ -130,7 +130,7 @@ def train(args):
         torch.cuda.set_device(0)
     else:
         # the CPU mode's tensors are tiny: torch's other intra-op threads would only spin beside
-        # each op (a 30 s run on 2 cores: 17.2 CPU seconds with them, 9.5 without)
+        # each op (a 30 s run on 2 cores: 17.2 CPU seconds with them, 10.4 with one thread)
         torch.set_num_threads(1)
     own_device = open(fake_device(args, 0), "rb") if args.fake_devices else None  # noqa: SIM115
     model, optimizer = build(args, device)
