@@ -132,8 +132,6 @@ def instance_lock(state_dir, remove=False):
                     os.rmdir(parent)  # only when no other instance lives there
 
 
-# the nodes' Python: the stand-ins' shebang
-NODE_PYTHON = "/usr/bin/python3"
 PCT_ENTRY = """\
 \"\"\"pct on a testbed node: the stand-in beside it (pct.py, from tests/testbed/pct.py).\"\"\"
 import sys
@@ -280,8 +278,8 @@ class Testbed:
         # the nodes' Python) rather than run it as a script, which Python compiles at every call
         # (6 ms of a pct exec's 40 ms of CPU; -S another 4 ms: it needs nothing of site-packages)
         shutil.copyfile(os.path.join(HERE, "pct.py"), os.path.join(ndir, "bin", "pct.py"))
-        run([NODE_PYTHON, "-m", "py_compile", os.path.join(ndir, "bin", "pct.py")])
-        write(os.path.join(ndir, "bin", "pct"), f"#!{NODE_PYTHON} -S\n{PCT_ENTRY}", 0o755)
+        run([SYSTEM_PYTHON, "-m", "py_compile", os.path.join(ndir, "bin", "pct.py")])
+        write(os.path.join(ndir, "bin", "pct"), f"#!{SYSTEM_PYTHON} -S\n{PCT_ENTRY}", 0o755)
         shutil.copyfile(os.path.join(HERE, "pvesh.py"), os.path.join(ndir, "bin", "pvesh"))
         os.chmod(os.path.join(ndir, "bin", "pvesh"), 0o755)
         # a cluster's nodes reach each other as root over SSH (pvecm puts every node's key in the
