@@ -276,12 +276,13 @@ def state_name(words, alive):
 
 def hook_present(marker, post_start_at, booted):
     """Whether the Proxmox hook guards the CT: set by `make pve-hooks` (and not taken off), and, when
-    the CT started after that, its post-start ran at that start."""
+    the CT started after that, its post-start ran at that start. The marker's time is when it was
+    written (history.hook_marker's written_at: the node's clock, as booted is)."""
     if not marker or not marker.get("installed"):
         return False
     if booted is None:
         return True
-    return max(float(marker.get("set_at") or 0), float(post_start_at or 0)) >= booted - 1
+    return max(float(marker.get("written_at") or 0), float(post_start_at or 0)) >= booted - 1
 
 
 def ct_start_time():

@@ -93,5 +93,15 @@ def record_post_start(directory):
 
 
 def hook_marker(directory):
-    """What ``make pve-hooks`` last did to the CT's hookscript ({installed, set_at}), or None."""
-    return read_mapping(os.path.join(directory, "pve-hook.json"))
+    """What ``make pve-hooks`` last did to the CT's hookscript ({installed, set_at}), with
+    ``written_at``, the file's modification time, or None. ``set_at`` is the controller's clock;
+    ``written_at`` is the node's, which the CT's start time and the post-start's record are on, so
+    a controller whose clock runs ahead cannot make a start without the hook read as guarded."""
+    path = os.path.join(directory, "pve-hook.json")
+    marker = read_mapping(path)
+    if marker is None:
+        return None
+    try:
+        return dict(marker, written_at=os.stat(path).st_mtime)
+    except OSError:
+        return None

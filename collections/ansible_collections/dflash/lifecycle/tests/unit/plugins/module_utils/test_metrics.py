@@ -184,13 +184,29 @@ def test_the_supervisors_words_become_one_state(words, alive, name):
 
 @pytest.mark.parametrize("marker, post_start, present", [
     (None, None, False),  # never set: no `make pve-hooks`
-    ({"installed": False, "set_at": 2000}, 2000, False),  # taken off
-    ({"installed": True, "set_at": 2000}, None, True),  # set after the CT started
-    ({"installed": True, "set_at": 500}, 1010, True),  # set before, and it ran at this start
-    ({"installed": True, "set_at": 500}, 800, False),  # set before, and this start ran no hook: taken off since
+    ({"installed": False, "set_at": 2000, "written_at": 2000}, 2000, False),  # taken off
+    ({"installed": True, "set_at": 2000, "written_at": 2000}, None, True),  # set after the CT started
+    ({"installed": True, "set_at": 500, "written_at": 500}, 1010, True),  # set before, and it ran at this start
+    ({"installed": True, "set_at": 500, "written_at": 500}, 800, False),  # set before, and this start ran no hook
+    # a controller whose clock runs ahead: its set_at is after the start, the file's write is not
+    ({"installed": True, "set_at": 5000, "written_at": 500}, None, False),
 ])
 def test_the_proxmox_hook_is_seen_by_its_marker_and_its_post_start(marker, post_start, present):
     assert metrics.hook_present(marker, post_start, booted=1000) is present
+
+
+def test_the_hook_markers_time_is_its_write_on_the_node_not_the_controllers_clock(tmp_path):
+    """The marker says set_at by the controller's clock; what it is judged by is the file's
+    modification time, the clock the CT's start time is on."""
+    path = tmp_path / "pve-hook.json"
+    assert history.hook_marker(str(tmp_path)) is None
+    path.write_text(json.dumps({"installed": True, "set_at": 5000.0, "written_at": 9000.0}) + "\n")
+    os.utime(path, (500.0, 500.0))
+    marker = history.hook_marker(str(tmp_path))
+    assert marker == {"installed": True, "set_at": 5000.0, "written_at": 500.0}
+    assert metrics.hook_present(marker, None, booted=1000) is False
+    path.write_text("[1, 2]\n")
+    assert history.hook_marker(str(tmp_path)) is None
 
 
 def test_labels_are_escaped_and_unknown_figures_left_out():
