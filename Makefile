@@ -68,7 +68,7 @@ $(VENV_NEXT)/.installed: requirements-next.txt
 	$(VENV_NEXT)/bin/pip install --quiet --disable-pip-version-check -r requirements-next.txt
 	touch $@
 
-venv-torch: $(VENV_TORCH)/.installed ## PyTorch, accelerate, DeepSpeed for the GPU check's CPU mode and the testbed's CTs
+venv-torch: $(VENV_TORCH)/.installed $(VENV_TORCH)/.torch-exit ## PyTorch, accelerate, DeepSpeed for the GPU check's CPU mode and the testbed's CTs
 
 # the system python3, which the testbed's CTs run too: they get this venv for torchrun
 $(VENV_TORCH)/.installed:
@@ -76,6 +76,11 @@ $(VENV_TORCH)/.installed:
 	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PIP_ARGS)
 	# DeepSpeed's launcher runs on the CPU; its ops are built only when used (never here)
 	DS_BUILD_OPS=0 $(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation $(DEEPSPEED_PIP_ARGS)
+	touch $@
+
+# its processes skip the interpreter's final collections at exit (tests/testbed/torch_exit.pth says why)
+$(VENV_TORCH)/.torch-exit: tests/testbed/torch_exit.pth $(VENV_TORCH)/.installed
+	cp $< "$$($(VENV_TORCH)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/dflash_testbed_torch_exit.pth"
 	touch $@
 
 gpu-check: venv venv-torch ## the GPU check's four scenarios in CPU mode (make test runs them too)
