@@ -53,11 +53,19 @@ setup: host-packages venv ## install the Debian packages and the Python venv (id
 host-packages: ## apt: lxc, tini, openssh-server, python3 ... (only what is missing)
 	@tests/testbed/install-host-packages.sh
 
-venv: $(VENV)/.installed ## the controller's venv from requirements.txt
+venv: $(VENV)/.installed $(VENV)/.controller-exit ## the controller's venv from requirements.txt
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+# $(call install-pth,VENV,FILE): FILE into VENV's site-packages, where each start of its Python runs it
+install-pth = cp $(2) "$$($(1)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/dflash_$(notdir $(2))"
+
+# under make test its processes skip the interpreter's final collections at exit (docs/testbed.md, "Fast exits")
+$(VENV)/.controller-exit: tests/testbed/controller_exit.pth $(VENV)/.installed
+	$(call install-pth,$(VENV),$<)
 	touch $@
 
 venv-next: $(VENV_NEXT)/.installed ## a second venv with the newest ansible-core (Python 3.12)
@@ -78,9 +86,9 @@ $(VENV_TORCH)/.installed:
 	DS_BUILD_OPS=0 $(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check --no-build-isolation $(DEEPSPEED_PIP_ARGS)
 	touch $@
 
-# its processes skip the interpreter's final collections at exit (tests/testbed/torch_exit.pth says why)
+# its processes skip the interpreter's final collections at exit (docs/testbed.md, "Fast exits")
 $(VENV_TORCH)/.torch-exit: tests/testbed/torch_exit.pth $(VENV_TORCH)/.installed
-	cp $< "$$($(VENV_TORCH)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/dflash_testbed_torch_exit.pth"
+	$(call install-pth,$(VENV_TORCH),$<)
 	touch $@
 
 gpu-check: venv venv-torch ## the GPU check's four scenarios in CPU mode (make test runs them too)
@@ -116,6 +124,8 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 # downloads and dpkg): only python3 and its venv module come first, the venvs are made with them;
 # FILE=... runs only those test files or node ids, on as many workers as files (up to 4), each
 # integration file with a testbed of its own: the loop of a change to one area
+# the controller's Python processes of the tests skip the final collections at exit (tests/testbed/controller_exit.pth)
+test: export DFLASH_TEST_FAST_EXIT = 1
 test: ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
 	@tests/testbed/install-host-packages.sh python3 python3-venv
 ifeq ($(strip $(FILE)),)

@@ -41,7 +41,7 @@ def run_case(root, extra, save_seconds):
     os.makedirs(data)
     log = open(os.path.join(root, "train.log"), "w", encoding="utf-8")
     # DFLASH_TORCH_FULL_EXIT: the processes end as the field's do, the interpreter's final collections
-    # included (tests/testbed/torch_exit.pth), for the stop's own time
+    # included (docs/testbed.md, "Fast exits"), for the stop's own time
     env = dict(os.environ, PYTHONUNBUFFERED="1", DFLASH_STEP_SECONDS="0.02", DFLASH_TEST_SLOW_SAVES="interrupt",
                DFLASH_TEST_SLOW_CHECKPOINT_SECONDS=str(save_seconds), DFLASH_TORCH_FULL_EXIT="1")
     agent = subprocess.Popen([TORCH_PYTHON, "-u", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
