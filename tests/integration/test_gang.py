@@ -102,10 +102,10 @@ class Gang(OwnTestbed):
             self.sh(host, "tail -n 8 /var/lib/dflash/lifecycle/supervisor.log", False) for host in CTS))
 
 
-def running_gang(tmp_path_factory, state_dir, loopback, cluster_net, ranks_per_ct):
+def running_gang(tmp_path_factory, state_dir, loopback, cluster_net, ranks_per_ct, *first_run):
     """A gang testbed of its own (state_dir, nodes on loopback, cluster_net, ranks_per_ct torchrun
-    workers in each CT), its CTs given a model and a corpus and the gang launched by `make restart`;
-    taken down at the end."""
+    workers in each CT), its CTs given a model and a corpus and the gang launched by `make restart`
+    (with the extra vars of first_run); taken down at the end."""
     inventory = make_gang_inventory(str(tmp_path_factory.mktemp("gang") / "inventory"), state_dir, loopback, cluster_net,
                                     ranks_per_ct=ranks_per_ct)
     bed = Gang(inventory, ranks_per_ct)
@@ -114,7 +114,7 @@ def running_gang(tmp_path_factory, state_dir, loopback, cluster_net, ranks_per_c
         for host in CTS:
             bed.sh(host, f"mkdir -p {GANG_MODEL} /workspace/data && echo '{{}}' > {GANG_MODEL}/config.json "
                          "&& echo 'a b c d e f g h' > /workspace/data/corpus.txt")
-        first = bed.make("restart")
+        first = bed.make("restart", *first_run)
         assert first.returncode == 0, first.stdout[-6000:]
         yield bed
     finally:

@@ -28,9 +28,18 @@ from test_gang import CKPT, CTS, running_gang
 STATE = "/var/lib/dflash-testbed/gang-as-run"
 
 
+# no periodic save: one that lands as the SIGINT does (in the same step) would be the interrupt's
+# checkpoint at once, before ct401's stop ends; and test 2's stop has only the interrupt save to cut
+RELEASE_SAVE = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
+ALONE = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
+                        "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt",
+                        "DFLASH_TEST_SAVE_HELD_BY": RELEASE_SAVE, "DFLASH_TEST_INTERVAL_SAVES": "0"}}
+
+
 @pytest.fixture(scope="module")
 def gang(tmp_path_factory):
-    yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11", ranks_per_ct=2)
+    """The gang launched as the run test 1's stop meets: rank 0 saves alone (ALONE)."""
+    yield from running_gang(tmp_path_factory, STATE, "127.77.9", "10.77.11", 2, ALONE)
 
 
 def in_each_ct(gang, command):
@@ -45,23 +54,16 @@ def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     than a 10 s save). The gang's checkpoint is judged on every CT once every CT has stopped:
     make stop, make start and a make restart whose stop would have raced all succeed, and the
     relaunch resumes from it."""
-    release = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
-    # no periodic save: one that lands as the SIGINT does (in the same step) would be the interrupt's
-    # checkpoint at once, before ct401's stop ends; and test 2's stop has only the interrupt save to cut
-    alone = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
-                            "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt",
-                            "DFLASH_TEST_SAVE_HELD_BY": release, "DFLASH_TEST_INTERVAL_SAVES": "0"}}
-    res = gang.make("restart", alone)  # the run the next stop meets saves as rank 0 alone
-    assert res.returncode == 0, res.stdout[-6000:]
-    gang.sh("ct400", f"rm -f {release}")
+    # the fixture launched the run the next stop meets (ALONE)
+    gang.sh("ct400", f"rm -f {RELEASE_SAVE}")
     gang.sh("ct401", "rm -f /run/dflash/stop.result.json")
-    stopping = gang.start("stop", alone)
+    stopping = gang.start("stop", ALONE)
     try:  # ct401's own stop ends (its result written), then rank 0's save may land
         gang.live.wait_in_ct("gn2", 401, "test -s /run/dflash/stop.result.json", 300, "ct401's stop did not end",
                              lambda: in_each_ct(gang, "cat /run/dflash/stop.progress.json /run/dflash/redeploy.lock; "
                                                       "ps -eo pid,stat,etime,args"))
     finally:
-        gang.sh("ct400", f"touch {release}")
+        gang.sh("ct400", f"touch {RELEASE_SAVE}")
     res = gang.finish(stopping)
     assert res.returncode == 0, res.stdout[-6000:]
     saved = re.search(rf"ok: \[ct400\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
@@ -75,10 +77,10 @@ def test_1_rank_0_saving_alone_is_judged_once_the_whole_gang_has_stopped(gang):
     assert re.search(rf"gang {GANG} \(2 CTs\): stop signalled together .*?, checkpoint {saved} "
                      r"\(ct401: its own stop ended before that save was complete\)", res.out), res.out
     assert all(gang.run(host) == (None, []) for host in CTS)
-    res = gang.make("start", alone)
+    res = gang.make("start", ALONE)
     assert res.returncode == 0, res.stdout[-6000:]
     assert f"resumed from {saved}" in gang.sh("ct400", "cat /workspace/logs/train.log")
-    res = gang.make("restart", alone)
+    res = gang.make("restart", ALONE)
     assert res.returncode == 0, res.stdout[-6000:]
     checkpoint = re.search(rf"checkpoint ({CKPT}/step_\d+) \(0 steps lost\), every CT running", res.out)
     assert checkpoint and checkpoint.group(1) != saved, res.out
