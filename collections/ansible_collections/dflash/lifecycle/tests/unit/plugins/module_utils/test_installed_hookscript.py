@@ -8,6 +8,7 @@ tests/integration/test_hostile_ct.py.)"""
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -114,10 +115,15 @@ def test_a_hook_that_never_returns_is_ended_at_the_phases_bound_and_the_log_says
 
 def test_a_ct_process_that_keeps_the_output_open_after_its_hook_ended_holds_nothing(node):
     policy(node, 200)
-    behave(node, "pct", "echo 'dflash post-start: detached'; (sleep 600 &) ; exit 0\n")
-    done = run(node, 200, "post-start")
-    assert done.returncode == 0 and done.took < 1 + hook.EXIT_GRACE_S + 2, done.took
-    assert done.stdout == "[ct200] dflash post-start: detached\n", done.stdout
+    holder = node / "holder.pid"  # the process that keeps the output open, ended by its PID after the test
+    behave(node, "pct", f"echo 'dflash post-start: detached'; (sleep 600 & echo $! > {shlex.quote(str(holder))}) ; exit 0\n")
+    try:
+        done = run(node, 200, "post-start")
+        assert done.returncode == 0 and done.took < 1 + hook.EXIT_GRACE_S + 2, done.took
+        assert done.stdout == "[ct200] dflash post-start: detached\n", done.stdout
+    finally:
+        if holder.exists():
+            os.kill(int(holder.read_text()), signal.SIGKILL)
 
 
 def test_a_failing_hook_is_said_with_what_it_may_cost(node):
@@ -180,7 +186,7 @@ def test_a_member_the_cluster_does_not_place_on_a_node_it_knows_is_not_reached(n
 
 
 def test_a_cluster_that_does_not_answer_holds_the_hook_no_longer_than_its_bound(node):
-    tool(node / "bin" / "pvesh", "sleep 600\n")
+    tool(node / "bin" / "pvesh", "exec sleep 600\n")  # one process, as pvesh is: the hook ends it at its bound
     policy(node, 200, pre_stop_s=3, gang=[{"name": "ct401", "vmid": 401}])
     done = run(node, 200, "pre-stop")
     assert done.took < 3 + hook.KILL_GRACE_S + 2 and "NOT REACHED: the cluster's membership could not be read" \
