@@ -159,8 +159,8 @@ def test_2_a_redeploy_stops_both_cts_together_and_resumes_both_from_one_checkpoi
     new_release, checkpoint = head.group(1), head.group("checkpoint")
     assert {gang.current(host) for host in CTS} == {new_release}
     # ct400's rank 0 wrote it, once; both CTs resumed from it; every rank of the new run runs. An
-    # interrupt that the ranks agree on at a periodic save's step (every 500: the signal came during
-    # that save) finds that save complete and writes nothing more: the periodic save is the one
+    # interrupt that the ranks agree on at a periodic save's step (every 500: the signal came in that
+    # step, before its save) finds that save complete and writes nothing more: the periodic save is the one
     old_log, step = gang.sh("ct400", "cat /workspace/logs/train.log.1"), checkpoint[5:]
     interrupt_saves = re.findall(rf"checkpoint saved: {CKPT}/step_\d+ \(step \d+, interrupt\)", old_log)
     assert interrupt_saves == [f"checkpoint saved: {CKPT}/{checkpoint} (step {step}, interrupt)"] or (

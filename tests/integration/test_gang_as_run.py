@@ -28,9 +28,9 @@ from test_gang import CKPT, CTS, running_gang
 STATE = "/var/lib/dflash-testbed/gang-as-run"
 
 
+RELEASE_SAVE = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
 # no periodic save: one that lands as the SIGINT does (in the same step) would be the interrupt's
 # checkpoint at once, before ct401's stop ends; and test 2's stop has only the interrupt save to cut
-RELEASE_SAVE = "/tmp/dflash-test-release-save"  # in ct400, where rank 0 saves
 ALONE = {"dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_RANK0_SAVES_ALONE": "1",
                         "DFLASH_TEST_SLOW_CHECKPOINT_SECONDS": "10", "DFLASH_TEST_SLOW_SAVES": "interrupt",
                         "DFLASH_TEST_SAVE_HELD_BY": RELEASE_SAVE, "DFLASH_TEST_INTERVAL_SAVES": "0"}}
