@@ -28,6 +28,7 @@ Each phase prints one line for the node's task log and keeps its outcome in the 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -86,38 +87,57 @@ def pre_stop_bound(stop, margin):
     return float(margin) + lock_wait + stop_options.worst_case_s(stop) + PRE_STOP_SLACK_S
 
 
-def pre_stop(directory, moment=None, phase="pre-stop"):
-    """The run's staged stop before Proxmox stops the CT; moment: when a gang's members send their
-    first signal (the node's hookscript stops them all at once). Returns the exit status (0:
-    Proxmox only warns on a hookscript's error, and the CT stops either way)."""
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options, trainer_finding
+def _wanted_running(directory, phase):
+    """(the run's spec, its stop's options) when the CT keeps a run wanted running with valid stop
+    options, else (None, the exit status), said."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import stop_options
 
     spec = run_spec.read(directory)
     if spec is None:
         say(phase, f"no run launched by dflash.lifecycle in this CT ({run_spec.spec_path(directory)}): nothing to stop")
-        return 0
+        return None, 0
     if spec.get("wanted") != "running":
         say(phase, _stays_stopped(spec))
-        return 0
-    launch = spec["launch"]
-    running = trainer_finding.running(launch["pidfile"], launch.get("pattern"))
-    if running is None:
-        say(phase, "no trainer runs (it ended on its own since its launch); the CT's next start relaunches it")
-        return 0
+        return None, 0
     try:
-        options = stop_options.checked(spec["stop"], "the run's stop options")
+        return spec, stop_options.checked(spec["stop"], "the run's stop options")
     except stop_options.InvalidParameter as err:
         say(phase, f"NOTHING WAS SAVED: {err}; the CT's stop ends the trainer without its checkpoint")
-        return 1
+        return None, 1
+
+
+def pre_stop(directory, moment=None, phase="pre-stop"):
+    """The run's staged stop before Proxmox stops the CT; moment: when a gang's members send their
+    first signal (the node's hookscript stops them all at once). Returns the exit status (0:
+    Proxmox only warns on a hookscript's error, and the CT stops either way)."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, trainer_finding
+
+    spec, options = _wanted_running(directory, phase)
+    if spec is None:
+        return options
+    # the run's supervisor lets it end (module_utils/agent/supervise.py); told before the lock too, so
+    # that a relaunch of its own that holds or waits for the lock gives up
+    with contextlib.suppress(OSError):
+        run_spec.stand_down(directory, PRE_STOP_HOLDER)
+    went_on = lock.wait_for(run_spec.lock_path(spec), PRE_STOP_HOLDER, options.graceful_wait_cap, LEASE_SECONDS)
+    # the lock's holder (post-start's relaunch, the supervisor's, a job) may have launched or stopped
+    # the run meanwhile: this stop is of what it left, and a trainer launched since the word above
+    # takes only a newer one for its stop (run_spec.stood_down)
+    spec, options = _wanted_running(directory, phase)
+    if spec is None:
+        return options
+    launch = spec["launch"]
+    if trainer_finding.running(launch["pidfile"], launch.get("pattern")) is None:
+        say(phase, "no trainer runs (it ended on its own since its launch); the CT's next start relaunches it")
+        return 0
     options.lifecycle_dir = None  # this stop is Proxmox's: the run stays wanted
     options.signal_at = moment
-    try:  # the run's supervisor lets it end (module_utils/agent/supervise.py)
+    try:
         run_spec.stand_down(directory, PRE_STOP_HOLDER)
     except OSError as err:
         say(phase, f"the run's supervisor was not told ({err}): it may restart the run before the CT stops")
     record = _record(spec)
     ct_lock = run_spec.lock_path(spec)
-    went_on = lock.wait_for(ct_lock, PRE_STOP_HOLDER, options.graceful_wait_cap, LEASE_SECONDS)
     try:
         change_record.begin(record, PRE_STOP_HOLDER, "stop before Proxmox stops the CT", os.getpid())
     except OSError:

@@ -140,6 +140,48 @@ def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys
     assert not os.path.exists(os.path.join(directory, "resume.log"))  # nothing was started
 
 
+@pytest.mark.parametrize("meanwhile, at_first", [("relaunched", 4343), ("relaunched", None), ("stopped", 4343)])
+def test_a_pre_stop_stops_what_the_locks_holder_left_and_its_supervisor_stands_down(tmp_path, monkeypatch, capsys,
+                                                                                   meanwhile, at_first):
+    """`pct reboot` just after a start: the pre-stop waits for the lock of post-start's relaunch, whose
+    trainer runs in its health wait (or has not started yet) and which records the launch. The stop is
+    of that trainer, and the new run's supervisor finds a stand-down newer than its launch: the Proxmox
+    stop is not taken for a crash (a CI run saw `crash: ... restart 1`). A `make stop` that held the
+    lock leaves nothing to stop."""
+    import time
+
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import lock
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, trainer_finding
+
+    directory = launched(tmp_path)
+    trainer = {"pid": at_first}
+    stops = []
+
+    def holder_ends(path, holder, cap, ttl):
+        time.sleep(0.01)  # the relaunch launches after the pre-stop's first word
+        if meanwhile == "relaunched":
+            lifecycle = {"dir": directory, "stop": STOP, "lock_path": "/run/dflash/redeploy.lock"}
+            run_spec.record_launch(lifecycle, dict(LAUNCH, change_record=str(tmp_path / "last-change.json")), 4343)
+            trainer["pid"] = 4343
+        else:
+            run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
+        return None
+
+    def stop(options, lease, record_dir):
+        stops.append(run_spec.stood_down(directory, run_spec.read(directory)["launched_at"]))
+        return {"msg": "stopped", "stopped_by": {"signal": "SIGINT"}}
+
+    monkeypatch.setattr(lock, "wait_for", holder_ends)
+    monkeypatch.setattr(trainer_finding, "running", lambda pidfile, pattern: trainer["pid"])
+    monkeypatch.setattr(staged_stop, "run_in_module", stop)
+    assert hook.pre_stop(directory) == 0
+    out = capsys.readouterr().out
+    if meanwhile == "relaunched":
+        assert len(stops) == 1 and stops[0]["by"] == hook.PRE_STOP_HOLDER, (stops, out)
+    else:
+        assert stops == [] and "the run was stopped on purpose (the stop of root@vm ansible-playbook pid 7" in out, out
+
+
 def test_a_gang_relaunches_once_every_member_is_up_since_the_newest_pause(tmp_path, monkeypatch):
     a = {"dir": str(tmp_path / "meet"), "me": "a", "members": ["a", "b"]}
     b = dict(a, me="b")
