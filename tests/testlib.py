@@ -318,3 +318,13 @@ def wait_for(what, condition, timeout=120, said=lambda: ""):
             return found
         time.sleep(1.0)
     raise AssertionError(f"{what}: not within {timeout} s\n{said()}")
+
+
+def interrupt_save_lines(log, path, step):
+    """The lines of a trainer's log saying that checkpoint path (of step) was saved, when the log
+    has the example trainer's KeyboardInterrupt at that step: the handler's own save, or, for an
+    interrupt at a periodic save's step, that periodic save, which the handler finds complete and
+    does not write again (train_dflash_pipeline.save_checkpoint). Empty without that interrupt."""
+    if f"KeyboardInterrupt at step {step}: saving checkpoint" not in log:
+        return []
+    return re.findall(rf"^.*checkpoint saved: {re.escape(path)} \(step {step}, (?:interrupt|interval)\)$", log, re.M)
