@@ -141,8 +141,7 @@ def test_a_run_stopped_on_purpose_stays_stopped_at_either_phase(tmp_path, capsys
 
 
 @pytest.mark.parametrize("meanwhile, at_first", [("relaunched", 4343), ("relaunched", None), ("stopped", 4343)])
-def test_a_pre_stop_stops_what_the_locks_holder_left_and_its_supervisor_stands_down(tmp_path, monkeypatch, capsys,
-                                                                                   meanwhile, at_first):
+def test_a_pre_stop_stops_what_the_locks_holder_left_and_its_supervisor_stands_down(tmp_path, monkeypatch, capsys, meanwhile, at_first):
     """`pct reboot` just after a start: the pre-stop waits for the lock of post-start's relaunch, whose
     trainer runs in its health wait (or has not started yet) and which records the launch. The stop is
     of that trainer, and the new run's supervisor finds a stand-down newer than its launch: the Proxmox
