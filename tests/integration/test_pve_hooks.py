@@ -77,13 +77,16 @@ def write_model(testbed):
 @pytest.fixture(scope="module")
 def hooked(testbed):
     """ct300 running the example trainer with its model staged from a persistent copy, and the
-    hookscript installed through `make pve-hooks`; afterwards the hookscript off and the run ended."""
+    hookscript installed through `make pve-hooks` before that run's launch, on a CT that no launch of
+    this project touched yet (a trainer started by hand until the first redeploy); afterwards the
+    hookscript off and the run ended."""
     kill_trainers(testbed)
+    sh(testbed, "rm -rf /var/lib/dflash")  # no lifecycle directory: the install makes it
     write_model(testbed)
-    launched = testbed.playbook(REDEPLOY, "-l", CT, "-e", json.dumps(SETTINGS), check=False)
-    assert launched.returncode == 0, launched.stdout[-4000:]
     installed = make("pve-hooks", f"HOST={CT}")
     assert installed.returncode == 0, installed.stdout[-4000:] + installed.stderr
+    launched = testbed.playbook(REDEPLOY, "-l", CT, "-e", json.dumps(SETTINGS), check=False)
+    assert launched.returncode == 0, launched.stdout[-4000:]
     try:
         yield installed
     finally:
