@@ -21,7 +21,7 @@ FAST = {"dflash_profile_interval": 5, "trainer_run_throughput_lines": 3, "traine
 
 def in_ct(testbed, host, command, check=True):
     node, vmid = CTS[host]
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(node, vmid, command, check=check)
 
 
 def source(tmp_path, name, slowdown):

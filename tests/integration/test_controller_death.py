@@ -25,7 +25,7 @@ RECORD = "/var/lib/dflash/last-change.json"
 
 
 def in_ct(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(NODE, VMID, command, check=check)
 
 
 def trainer_pids(testbed):

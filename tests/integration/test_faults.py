@@ -4,7 +4,6 @@ import functools
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -35,7 +34,7 @@ def masters_to(address, tests_own, port=2222):
 
 
 def in_ct(testbed, node, vmid, command, check=True, timeout=60):
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check, timeout=timeout)
+    return testbed.in_ct(node, vmid, command, check=check, timeout=timeout)
 
 
 def wait_for_checkpoint_history(testbed, node, vmid, directory, timeout):

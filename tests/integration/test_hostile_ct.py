@@ -55,7 +55,7 @@ python3 -c "import sys; sys.stdout.write('A' * 3000000 + '\n' + '$LURE 2222 $VMI
 
 
 def in_ct(testbed, node, vmid, command, check=True):
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check, timeout=180)
+    return testbed.in_ct(node, vmid, command, check=check, timeout=180)
 
 
 def markers(testbed):

@@ -24,7 +24,7 @@ GPU_STATE = "/run/nvidia-testbed/state.json"  # what the testbed's nvidia-smi sa
 def ready(testbed):
     """ct300 with the example trainer as the current release, a model and data."""
     def in_ct(command, check=True):
-        return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+        return testbed.in_ct(NODE, VMID, command, check=check)
 
     in_ct(END_RUNS, check=False)  # left by an interrupted earlier run, or another module's
     in_ct("mkdir -p /dev/shm/models/target /workspace/data && echo '{}' > "

@@ -32,7 +32,7 @@ SAVE_SECONDS = 35  # longer than torchrun's default deadline (30 s)
 
 
 def sh(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(NODE, VMID, command, check=check)
 
 
 def trainers(testbed):

@@ -59,7 +59,7 @@ class Layouts:
 
     def sh(self, layout, command, check=True):
         host, node, vmid = HOSTS[layout]
-        res = self.live.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}")
+        res = self.live.in_ct(node, vmid, command)
         assert res.returncode == 0 or not check, f"{host}: {command}: {res.stderr}"
         return res.stdout
 

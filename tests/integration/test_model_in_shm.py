@@ -4,7 +4,6 @@ cut copy never at the target and the rerun converging, bad settings refused befo
 touched. The CT's /dev/shm is a real tmpfs charged to its real memory cgroup (cgroup v1 on these
 machines), whose limit the pct stand-in sets as Proxmox does (pct set --memory)."""
 
-import hashlib
 import json
 import os
 import re
@@ -41,7 +40,7 @@ with open(path, "wb") as out:
 
 
 def sh(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check, timeout=120)
+    return testbed.in_ct(NODE, VMID, command, check=check, timeout=120)
 
 
 def write_shard(testbed, name, size, fill):
@@ -100,7 +99,7 @@ def restarted(testbed):
 
 
 def test_1_a_restarted_ct_gets_its_model_staged_then_launched(testbed, restarted):
-    assert sh(testbed, f"ls -A /dev/shm").stdout.strip() == ""  # wiped by the restart
+    assert sh(testbed, "ls -A /dev/shm").stdout.strip() == ""  # wiped by the restart
     res = redeploy(testbed)
     staged = re.search(rf"model {TARGET} staged from {SOURCE}: 0\.2 GB in ([0-9.]+)s \((\d+) MB/s, 4 streams\), "
                        r"verified by SHA-256 of 3 files \(model\.sha256\), the 3 shards of "

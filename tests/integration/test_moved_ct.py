@@ -5,7 +5,6 @@ and checkpoints as they were; a node that does not answer is skipped."""
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 
@@ -19,7 +18,7 @@ REDEPLOY = os.path.join(REPO, "redeploy.yml")
 
 
 def in_ct(testbed, node, command, check=True):
-    return testbed.ssh(node, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(node, VMID, command, check=check)
 
 
 def playbook(*args):

@@ -30,7 +30,7 @@ OURS = "local:snippets/dflash-lifecycle-hook.py"
 
 
 def sh(testbed, command, check=True, node=NODE):
-    return testbed.ssh(node, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check, timeout=120)
+    return testbed.in_ct(node, VMID, command, check=check, timeout=120)
 
 
 def hookscript(testbed):

@@ -22,7 +22,7 @@ REDEPLOY = os.path.join(REPO, "redeploy.yml")
 
 def in_ct(testbed, host, command, check=True):
     node, vmid = CTS[host]
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(node, vmid, command, check=check)
 
 
 def trainer_pids(testbed, host):

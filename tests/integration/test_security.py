@@ -17,7 +17,7 @@ HOSTILE = ["x; touch /tmp/security-pwned1", "$(touch /tmp/security-pwned2)", "`t
 
 
 def in_ct(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(NODE, VMID, command, check=check)
 
 
 def no_pwned_anywhere(testbed):

@@ -19,7 +19,7 @@ REDEPLOY = os.path.join(REPO, "redeploy.yml")
 
 
 def in_ct(testbed, node, vmid, command, check=True):
-    return testbed.ssh(node, f"pct exec {vmid} -- sh -c {shlex.quote(command)}", check=check)
+    return testbed.in_ct(node, vmid, command, check=check)
 
 
 def make(*args, timeout=600):

@@ -40,7 +40,7 @@ SETTINGS = {
 
 
 def sh(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check, timeout=120)
+    return testbed.in_ct(NODE, VMID, command, check=check, timeout=120)
 
 
 def run_processes(testbed):

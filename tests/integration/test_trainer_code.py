@@ -2,7 +2,6 @@
 
 import json
 import os
-import shlex
 import subprocess
 import time
 
@@ -28,7 +27,7 @@ def code(testbed, tmp_path):
         (src / f"helper_{index}.py").write_text(f"VALUE = {index}\n")
 
     def in_ct(command, check=True):
-        return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check)
+        return testbed.in_ct(NODE, VMID, command, check=check)
 
     def run(*extra, playbook=PUSH, check=True, **overrides):
         extra_vars = {"trainer_code_src": str(src), "trainer_run_release_base": BASE,

@@ -12,7 +12,6 @@ stop's checkpoint and the resume."""
 
 import os
 import re
-import shlex
 
 import pytest
 
@@ -24,7 +23,7 @@ NODE_OWNED, CT_OWNED = "/mnt/node-owned/checkpoints", "/mnt/ct-owned/checkpoints
 
 
 def sh(testbed, command, check=True):
-    return testbed.ssh(NODE, f"pct exec {VMID} -- sh -c {shlex.quote(command)}", check=check, timeout=120)
+    return testbed.in_ct(NODE, VMID, command, check=check, timeout=120)
 
 
 def trainer_pids(testbed):
