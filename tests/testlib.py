@@ -203,15 +203,14 @@ class LiveTestbed:
 
     def in_ct(self, node, vmid, command, input=None, check=False, timeout=60):
         """The shell command in CT vmid on node, as `pct exec <vmid> -- sh -c <command>` through the
-        node's ssh runs it there (tests/testbed/pct.py cmd_exec: lxc-attach on the node's LXC path,
+        node's ssh runs it there (tests/testbed/pct.py Node.attach_argv: lxc-attach on the node's LXC path,
         pve-common's PATH, the session's environment kept; the login's directory): the tests' own
         look into a CT, without the ssh round trip and pct's start-up - about 8 ms of CPU against 38,
         and the tests look some 1600 times. What they claim of ssh and pct goes through them (the
         jobs, test_pct_conformance.py, test_staged_stop.py's trainers started by hand)."""
         env = {"PATH": CT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
                "LANG": "C.UTF-8", "MAIL": "/var/mail/root", "PVE_TESTBED_NODE": node}
-        attach = ["lxc-attach", "-P", os.path.join(self.bed.node_dir(node), "lxc"), "-n", str(vmid), "--keep-env",
-                  "--", "sh", "-c", command]
+        attach = self.bed.pct_node(node).attach_argv(vmid, ["sh", "-c", command])
         res = subprocess.run(attach, input=input, capture_output=True, check=False, timeout=timeout, env=env,
                              cwd="/root", text=isinstance(input, str) or input is None)
         if check and res.returncode != 0:

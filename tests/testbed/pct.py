@@ -123,6 +123,12 @@ class Node:
         self.lxcpath = os.path.join(self.dir, "lxc")
         self.conf_dir = os.path.join(self.dir, "etc/pve/nodes", self.name, "lxc")
 
+    def attach_argv(self, vmid, command, keep_env=True):
+        """What `pct exec <vmid> -- command` runs. Real pct runs `lxc-attach -n <vmid>` against
+        /var/lib/lxc; each testbed node has its own LXC path instead, hence -P. Nothing else differs."""
+        return ["lxc-attach", "-P", self.lxcpath, "-n", str(vmid), "--keep-env" if keep_env else "--clear-env",
+                "--", *command]
+
     # -- pve config (PVE::LXC::Config, PVE::AbstractConfig) --------------------
     def conf_path(self, vmid):
         return os.path.join(self.conf_dir, f"{vmid}.conf")
@@ -496,12 +502,8 @@ def cmd_exec(node, argv):
         raise PctError(f"container '{vmid}' not running!\n")
     if not extra:
         raise PctError(f"missing command at {PCT_PM} line 246.\n")
-    keep_env = perl_bool(args.get("keep-env", "1"))
-    # Real pct runs `lxc-attach -n <vmid>` against /var/lib/lxc; each testbed node has
-    # its own LXC path instead, hence -P. Nothing else differs, and it is an exec.
-    attach = ["lxc-attach", "-P", node.lxcpath, "-n", vmid,
-              "--keep-env" if keep_env else "--clear-env", "--", *extra]
-    os.execvp(attach[0], attach)
+    attach = node.attach_argv(vmid, extra, perl_bool(args.get("keep-env", "1")))
+    os.execvp(attach[0], attach)  # an exec, as pct's
 
 
 def cmd_push(node, argv):

@@ -119,7 +119,8 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
     # that a relaunch of its own that holds or waits for the lock gives up
     with contextlib.suppress(OSError):
         run_spec.stand_down(directory, PRE_STOP_HOLDER)
-    went_on = lock.wait_for(run_spec.lock_path(spec), PRE_STOP_HOLDER, options.graceful_wait_cap, LEASE_SECONDS)
+    ct_lock = run_spec.lock_path(spec)
+    went_on = lock.wait_for(ct_lock, PRE_STOP_HOLDER, options.graceful_wait_cap, LEASE_SECONDS)
     # the lock's holder (post-start's relaunch, the supervisor's, a job) may have launched or stopped
     # the run meanwhile: this stop is of what it left, and a trainer launched since the word above
     # takes only a newer one for its stop (run_spec.stood_down)
@@ -137,7 +138,6 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
     except OSError as err:
         say(phase, f"the run's supervisor was not told ({err}): it may restart the run before the CT stops")
     record = _record(spec)
-    ct_lock = run_spec.lock_path(spec)
     try:
         change_record.begin(record, PRE_STOP_HOLDER, "stop before Proxmox stops the CT", os.getpid())
     except OSError:
