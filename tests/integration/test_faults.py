@@ -49,22 +49,21 @@ def wait_for_no_trainer(testbed, node, vmid, pattern, timeout, output):
                        lambda: output)
 
 
-def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lambda: None, worker="stop"):
-    """Run ansible-playbook with playbook_args and, once its detached worker is under way in the
-    CT (the worker file names it: a stop's, or a redeploy's launch whose stop comes first), kill the
-    controller's ControlMasters to the node at address; after_drop runs right then. Returns the
-    playbook's exit status and output."""
+def drop_connection_mid_stop(testbed, sh, address, playbook_args, after_drop=lambda: None):
+    """Run ansible-playbook with playbook_args and, once the stop's detached worker is under way in
+    the CT, kill the controller's ControlMasters to the node at address; after_drop runs right then.
+    Returns the playbook's exit status and output."""
     # stdin: ansible-core refuses a non-blocking one, which a test runner's may be
     playbook = subprocess.Popen([os.path.join(BIN, "ansible-playbook"), *playbook_args], cwd=REPO,
                                 env=tool_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 stdin=subprocess.DEVNULL)
     try:
         # watched from inside the CT, one call: a poll per round trip could miss a short stop
-        seen = sh(f"timeout 150 sh -c 'until test -s /run/dflash/{worker}.worker; do sleep 0.02; done'", check=False,
+        seen = sh("timeout 150 sh -c 'until test -s /run/dflash/stop.worker; do sleep 0.02; done'", check=False,
                   timeout=180)
         if seen.returncode != 0 or playbook.poll() is not None:
             playbook.kill()
-            raise AssertionError(f"the {worker}'s worker was never seen running: {playbook.communicate()[0][-4000:]}")
+            raise AssertionError(f"the stop's worker was never seen running: {playbook.communicate()[0][-4000:]}")
         killed = masters_to(address, testbed.control_path_prefix())
         assert killed, "no ControlMaster to the node: nothing to drop"
         for pid in killed:  # started by the playbook above: ours, ended by PID
@@ -106,56 +105,6 @@ def test_stop_survives_a_dropped_controller_connection(ct, testbed):
 
 REDEPLOY = os.path.join(REPO, "redeploy.yml")
 SEED = os.path.join(REPO, "playbooks", "testbed_seed.yml")
-
-
-def module_gone_with_its_session(sh):
-    """The attached module process of a call whose connection dropped, ended as the end of its
-    session would end it. Ours: started by the job this test ran, found as the pipelined `python3`
-    attached from outside the CT (PPID 0: lxc-attach lives outside its PID namespace), never the
-    detached worker (reparented to the CT's init) nor its keeper (the worker's child)."""
-    for pid in sh("pgrep -x -f /usr/bin/python3", check=False).stdout.split():
-        if sh(f"ps -o ppid= -p {pid}", check=False).stdout.strip() == "0":
-            sh(f"kill -KILL {pid}", check=False)
-
-
-def test_a_redeploy_whose_connection_dropped_in_its_stop_is_finished_by_the_cts_worker(testbed):
-    """The same drop in the middle of redeploy.yml's stop (in the launch's call: a CT that runs
-    alone), its attached module ended with its session: the worker that owns the redeploy stops
-    the run, launches the new one and, since nobody can read its result, records that and gives
-    the lock back; a rerun runs at once and says what happened before it."""
-    out = "/workspace/ck-drop"
-    override = ["-e", json.dumps({"dflash_output_dir": out})]
-    in_ct200 = functools.partial(in_ct, testbed, "pve1", 200)
-    testbed.playbook(SEED, "-e", "seed_hosts=ct200")  # the model and data a launch needs
-    in_ct200(END_RUNS, check=False)  # the runs' supervisors first
-    in_ct200(f"rm -rf {out} && cd /workspace && nohup python3 -u /root/train_dflash_pipeline.py "
-             f"--target-model /dev/shm/models/target --data-dir /workspace/data --output-dir {out} "
-             "--target-gpus 0,1 --drafter-gpus 2 --save-interval 300 --profile-interval 5 "
-             "> /workspace/logs/train.log 2>&1 &")  # a legacy launch: SIGINT ignored
-    try:
-        # a checkpoint every 15 s, the redeploy begun right after one: its stop waits for the next
-        # for longer than the playbook takes to reach it, so the drop comes while it waits
-        wait_for_checkpoint_history(testbed, "pve1", 200, out, timeout=90)
-        status, output = drop_connection_mid_stop(
-            testbed, in_ct200, testbed.bed.nodes["pve1"]["address"], [REDEPLOY, "-l", "ct200", *override],
-            after_drop=lambda: module_gone_with_its_session(in_ct200), worker="launch")
-        assert status != 0 and "UNREACHABLE" in output
-        testbed.wait_in_ct("pve1", 200, "! test -e /run/dflash/launch.worker && grep -q '\"controller\": \"gone\"' "
-                           "/var/lib/dflash/last-change.json", 120, "the worker's end, told its caller is gone",
-                           lambda: output)
-        record = json.loads(in_ct200("cat /var/lib/dflash/last-change.json").stdout)
-        assert record["failed"] is False, record
-        assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
-        assert in_ct200("cut -d' ' -f1 /run/dflash/trainer.pid").stdout.strip() in in_ct200(
-            "pgrep -f '/opt/dflash/current/train_dflash_pipeline[.]py'").stdout.split()
-        rerun = testbed.playbook(REDEPLOY, "-l", "ct200", *override)
-        out_words = " ".join(rerun.stdout.split())
-        assert "failed=0" in rerun.stdout and "finished without its controller" in out_words, out_words[-3000:]
-        assert in_ct200("test -e /run/dflash/redeploy.lock", check=False).returncode == 1
-        assert len(in_ct200("pgrep -f 'train_dflash_pipeline[.]py'").stdout.split()) == 1
-    finally:
-        in_ct200(END_RUNS, check=False)  # the runs' supervisors first
-        in_ct200(f"rm -rf {out}", check=False)
 
 
 def in_ct300(testbed, command, check=True):
