@@ -10,20 +10,17 @@ import pytest
 
 from testlib import LiveTestbed, TESTBED_INVENTORY, testbed_mod
 
-# the files that take longest in make test, roughly longest first (seconds of one worker in this
-# order, measured on 2 cores with 4 workers on 2026-12-04: 413, 393, 307, 310, 167, 145, 149, 85,
-# 52, 58, 60, 77, 51, 28, 30, 17, 25, 22, 16; test_controller_death.py, added 2026-12-05, placed
-# by an estimate of about 250, test_hostile_ct.py, added 2026-12-06, by the 49 s it took alone,
-# and test_supervise_real_trainer.py, added 2026-12-06, by the 82 s it took alone); the rest follow. In this order the four workers end
-# within a second of each other in a simulation on those figures (614 s each), as three did on the
-# figures of 2026-12-03, where a file left out (147 s) made one worker end 80 s after the others.
-# With five workers (the default of tests/run-all.sh since 2026-12-06; the files' durations of one run: 4110 s) the simulation
-# ends them within 7 s of each other (819 to 826 s), 4 s after the best order it finds.
-LONGEST_FIRST = ("test_layout_redeploys.py", "test_faults.py", "test_gang_as_run.py", "test_gang.py",
-                 "test_controller_death.py", "test_monitoring.py", "test_staged_stop.py", "test_redeploy.py", "test_own_checkpoint_stop.py", "test_launchers.py",
-                 "test_model_in_shm.py", "test_supervise.py", "test_supervise_real_trainer.py", "test_pve_hooks.py", "test_hostile_ct.py", "test_trainer_code.py", "test_canary.py", "test_settings.py",
-                 "test_launch.py", "test_connection_plugin.py", "test_checkpoint_layouts.py", "test_moved_ct.py",
-                 "test_stop_request.py", "test_seeded_trainer.py", "test_security.py", "test_unprivileged_ct.py")
+# the files that take longest in make test, longest first: each file's seconds of its worker in a
+# fresh-clone run of 2026-12-07 (5 workers, 2 cores), test_layout_redeploys.py and test_faults.py
+# estimated from their smaller shapes since (about half, and 110 s less): 562, 450, 411, 344, 283,
+# 260, 211, 202, 171, 150, 129, 128, 124, 121, 111, 109, 106, 103, 85; the rest follow. In this
+# order a simulation on those figures ends the five workers within 15 s of each other (872 to 887 s).
+LONGEST_FIRST = ("test_gang.py", "test_faults.py", "test_gang_as_run.py", "test_controller_death.py", "test_redeploy.py",
+                 "test_layout_redeploys.py", "test_staged_stop.py", "test_own_checkpoint_stop.py", "test_pve_hooks.py",
+                 "test_monitoring.py", "test_hostile_ct.py", "test_launchers.py", "test_settings.py", "test_supervise.py",
+                 "test_canary.py", "test_model_in_shm.py", "test_trainer_code.py", "test_supervise_real_trainer.py",
+                 "test_launch.py", "test_connection_plugin.py", "test_checkpoint_layouts.py", "test_stop_request.py",
+                 "test_unprivileged_ct.py", "test_seeded_trainer.py", "test_moved_ct.py", "test_security.py")
 
 
 def pytest_collection_modifyitems(items):
