@@ -122,6 +122,7 @@ demo: testbed-up ## the main job against the testbed: seed CT 200 with a running
 # the three venvs are built side by side (pip mostly waits on unpacking and building wheels), and
 # beside them apt installs the rest of the host's packages (on a fresh machine apt mostly waits on
 # downloads and dpkg): only python3 and its venv module come first, the venvs are made with them;
+# tests/run-all.sh runs that set-up and starts lint and sanity once the controller's venv is built;
 # FILE=... runs only those test files or node ids, on as many workers as files (up to 4), each
 # integration file with a testbed of its own: the loop of a change to one area
 # the controller's Python processes of the tests skip the final collections at exit (tests/testbed/controller_exit.pth)
@@ -129,8 +130,7 @@ test: export DFLASH_TEST_FAST_EXIT = 1
 test: ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
 	@tests/testbed/install-host-packages.sh python3 python3-venv
 ifeq ($(strip $(FILE)),)
-	@$(MAKE) --no-print-directory -j4 host-packages venv venv-next venv-torch
-	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
+	MAKE="$(MAKE)" tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 else
 	@$(MAKE) --no-print-directory -j3 host-packages venv venv-torch
 	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \

@@ -4,6 +4,9 @@
 # ansible-test sanity, the GPU check's CPU mode, and the collection's unit tests and the pct
 # plugin's under the newest ansible-core (on a testbed of its own). In a row they would need
 # half an hour of two CPUs. Fails when any of them failed.
+# The set-up runs here too: lint and sanity need only the controller's venv, so they start as soon
+# as it is built, while the host's packages and the other two venvs are still being installed
+# (a set-up that mostly waits on downloads and unpacking leaves a third of two CPUs idle).
 # Usage: tests/run-all.sh VENV_BIN VENV_NEXT_BIN TORCH_PYTHON [pytest arguments]
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,12 +23,25 @@ cd "$repo"
 
 # the checkpoint imitations are loaded with the real torch and safetensors of this venv
 export DFLASH_TORCH_PYTHON="$torch_python"
+# an interrupted run ends the ones it started, by PID (the GPU check ends its trainers itself;
+# the pytest runs take their testbeds down)
+trap 'kill ${setup:-} ${lint:-} ${sanity:-} ${gpu_check:-} ${next:-} 2> /dev/null' INT TERM
+make=${MAKE:-make}
+"$make" --no-print-directory -j3 host-packages venv-next venv-torch &
+setup=$!
+"$make" --no-print-directory venv || { kill $setup 2> /dev/null; wait $setup; exit 1; }
 # lint and sanity wait on nothing but the CPU: at the lowest priority they take what the tests leave
 # (the tests mostly wait on trainers for a minute at a time) instead of slowing their trainers
 nice -n 19 "$bin/ansible-lint" --offline --profile production > "$logs/lint.log" 2>&1 &
 lint=$!
 nice -n 19 tests/sanity/run.sh "$bin/python" > "$logs/sanity.log" 2>&1 &
 sanity=$!
+if ! wait $setup; then
+  kill $lint $sanity 2> /dev/null
+  wait $lint $sanity
+  echo "== the set-up failed (above): no test ran" >&2
+  exit 1
+fi
 "$bin/python" bench/gpu_check.py --cpu --trainer-python "$torch_python" --work-dir "$logs/gpu-check" \
   --out "$logs/gpu_check.json" > "$logs/gpu-check.log" 2>&1 &
 gpu_check=$!
@@ -33,9 +49,6 @@ DFLASH_TESTBED_WORKER=gw9 "$next_bin/python" -m pytest -p no:cacheprovider "$@" 
   collections/ansible_collections/dflash/lifecycle/tests/unit tests/integration/test_connection_plugin.py \
   > "$logs/pytest-next.log" 2>&1 &
 next=$!
-# an interrupted run ends the ones it started, by PID (the GPU check ends its trainers itself;
-# the pytest runs take their testbeds down)
-trap 'kill $lint $sanity $gpu_check $next 2> /dev/null' INT TERM
 
 # the integration tests mostly wait on their trainers: PYTEST_WORKERS modules run side by side,
 # each worker on a testbed of its own (tests/conftest.py); five keep two CPUs busy where four left
