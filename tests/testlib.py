@@ -207,10 +207,13 @@ class LiveTestbed:
         pve-common's PATH, the session's environment kept; the login's directory): the tests' own
         look into a CT, without the ssh round trip and pct's start-up - about 8 ms of CPU against 38,
         and the tests look some 1600 times. What they claim of ssh and pct goes through them (the
-        jobs, test_pct_conformance.py, test_staged_stop.py's trainers started by hand)."""
+        jobs, test_pct_conformance.py, test_staged_stop.py's trainers started by hand).
+        SIGINT and SIGQUIT reach the command at their defaults, as sshd's session hands them to
+        `pct exec`: a make test started as a background job ignores them, and a trainer a test
+        starts by hand would inherit that (Python keeps an ignored SIGINT ignored)."""
         env = {"PATH": CT_PATH, "HOME": "/root", "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
                "LANG": "C.UTF-8", "MAIL": "/var/mail/root", "PVE_TESTBED_NODE": node}
-        attach = self.bed.pct_node(node).attach_argv(vmid, ["sh", "-c", command])
+        attach = ["env", "--default-signal=INT,QUIT"] + self.bed.pct_node(node).attach_argv(vmid, ["sh", "-c", command])
         res = subprocess.run(attach, input=input, capture_output=True, check=False, timeout=timeout, env=env,
                              cwd="/root", text=isinstance(input, str) or input is None)
         if check and res.returncode != 0:
