@@ -469,7 +469,11 @@ def test_13_a_rank_killed_on_one_ct_brings_the_whole_gang_back_through_its_super
     gang.sh("ct401", f"kill -KILL {old['ct401'][1][0]}")
     states = gang.back_whole(old, rounds)
     ends = {host: states[host]["ends"][-1] for host in CTS}
-    assert ends["ct401"]["cause"].startswith("crash: the trainer exited with status 1"), ends
+    # ct401's own crash: its agent's exit, or - where ct400's end (caused by it) reached ct401's
+    # supervisor before its agent had ended - the agent's word that the rank was killed
+    assert (ends["ct401"]["cause"].startswith("crash: the trainer exited with status 1")
+            or re.match(r"crash: the trainer's launcher: its worker local_rank 0 \(PID \d+\) was killed by SIGKILL",
+                        ends["ct401"]["cause"])), ends
     assert ends["ct400"]["cause"].startswith(("crash: the trainer exited", "ct401 of the gang went down")), ends
     # one back-off for the gang: both relaunches meet in the next round's rendezvous, resuming from one checkpoint
     assert all(e["relaunch"].startswith("trainer PID") for e in ends.values()), ends

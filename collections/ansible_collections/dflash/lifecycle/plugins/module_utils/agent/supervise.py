@@ -34,7 +34,8 @@ What it does, with the run's spec (module_utils/ct/run_spec.py) and its policy (
   end and exits; the next launch brings a supervisor of its own.
 
 A gang is supervised as one, by its rounds (agent/rounds.py): a member whose run still runs stops it
-when another member's ended; once every member is down, each relaunches at the same moment, into
+when another member's ended (its own crash when its launcher's log says a rank of its own was
+killed first: that end caused the other's); once every member is down, each relaunches at the same moment, into
 one rendezvous, and the crash-loop count is the gang's rounds. Its state is ``supervisor.json`` in
 the lifecycle directory (``make status``), its log ``supervisor.log``, a hang's diagnostics
 ``diagnostics/``.
@@ -50,6 +51,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, restart, rounds, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch, newest_checkpoint, save_under_way
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
 
 def take_over(directory, pidfile):
@@ -119,6 +121,10 @@ def supervise(directory, agent):
             peers = {m: w for m, w in rounds.downs(sup).items() if m != sup.me} if len(sup.members) > 1 else {}
             if peers:
                 member, word = next(iter(peers.items()))
+                killed = launchers.worker_signalled(watch.log_tail(), pid)
+                if killed:  # this member's own rank died first; the peer's end followed from it
+                    return restart.stop_and_restart(sup, watch, f"crash: the trainer's launcher: {killed}", since,
+                                                    kind="crash")
                 return restart.stop_and_restart(sup, watch, f"{member} of the gang went down ({word.get('cause')})", since)
             silent = now - watch.last_beat
             timeout = policy.hang_timeout(sup.policy, watch.gaps, startup)

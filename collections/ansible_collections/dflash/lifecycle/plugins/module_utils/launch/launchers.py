@@ -29,6 +29,7 @@ SIGKILL; a worker that fails ends the others the same way).
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
@@ -412,6 +413,31 @@ class Run:
         table = proctable.snapshot(self.proc_root)
         known = {p.pid for p in self.workers}
         return [p.pid for p in self.launcher.workers(self.agent, table, self.proc_root) if p.pid not in known]
+
+
+# torchrun's agent, on first sight of a worker that failed (elastic/multiprocessing/api.py,
+# SubprocessContext._poll, logged at ERROR in torch's glog-like format: level, date, time, the
+# agent's PID): "E1207 16:47:57.957000 21720 .../api.py:1002] failed (exitcode: -9) local_rank: 0
+# (pid: 21725) of binary: ..."; a negative exitcode is the signal that ended the worker
+WORKER_FAILED = re.compile(r"^[EWI]\d{4} [0-9:.]+ (\d+) \S+\] failed \(exitcode: (-?\d+)\) "
+                           r"local_rank: (\d+) \(pid: (\d+)\)")
+
+
+def worker_signalled(lines, agent_pid):
+    """Words naming a worker of the agent agent_pid that a signal ended (an OOM kill, a segfault),
+    from the lines of the run's log where torchrun's agent said so, or None. It is the agent's first
+    word on its failure, written before the agent ends the rest: a gang member whose rank was killed
+    can still be winding down when a peer's end, caused by its own, reaches its supervisor."""
+    for line in lines:
+        found = WORKER_FAILED.match(line.strip())
+        if found and int(found.group(1)) == agent_pid and int(found.group(2)) < 0:
+            try:
+                name = signal.Signals(-int(found.group(2))).name
+            except ValueError:
+                name = f"signal {-int(found.group(2))}"
+            return (f"its worker local_rank {found.group(3)} (PID {found.group(4)}) was killed by {name}, "
+                    f"as its agent PID {agent_pid} logged")
+    return None
 
 
 def of(main, proc_root="/proc"):

@@ -128,3 +128,22 @@ def test_the_rendered_line_is_safe_for_a_graceful_stop():
     accelerate = launchers.named("accelerate").render("p", "t.py", [], {"num_processes": 2, "multi_gpu": True}, 900)
     assert accelerate == ["p", "-u", "-m", "accelerate.commands.launch", "--num_processes", "2", "--multi_gpu",
                           "--max_restarts", "0", "t.py"]
+
+
+# a run's log as torch 2.13's torchrun writes it when a rank of its own is SIGKILLed (measured:
+# elastic/multiprocessing/api.py logs the first failure at once, the summary only as the agent ends)
+KILLED_RANK_LOG = [
+    "2026-12-07 16:47:55 step 40 epoch 0 loss 2.3000 tok/s 1200.0 | data 1.00ms target 1.00ms",
+    "E1207 16:47:57.957000 21720 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) "
+    "local_rank: 0 (pid: 21725) of binary: /opt/venv/bin/python3",
+]
+
+
+def test_a_rank_its_agent_saw_killed_by_a_signal_is_named_and_only_for_that_agent():
+    words = launchers.worker_signalled(KILLED_RANK_LOG, 21720)
+    assert words == "its worker local_rank 0 (PID 21725) was killed by SIGKILL, as its agent PID 21720 logged"
+    # another run's agent (a log appended across runs), and a rank that raised (a consequence: a peer's end)
+    assert launchers.worker_signalled(KILLED_RANK_LOG, 999) is None
+    raised = [KILLED_RANK_LOG[1].replace("exitcode: -9", "exitcode: 1")]
+    assert launchers.worker_signalled(raised, 21720) is None
+    assert launchers.worker_signalled([], 21720) is None
