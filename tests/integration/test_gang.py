@@ -12,8 +12,8 @@ A testbed of its own (tests/testlib.py make_gang_inventory), driven as a user dr
    back on the old release, running from that checkpoint, the CT that failed named with its error;
 4. one CT locked by another job: the gang is refused whole, nothing touched on either CT;
 5. the CTs see different checkpoint directories: refused, the difference named;
-6. `make stop` signals both at one moment and reports the gang's skew and checkpoint;
-7. `make start` launches both from that checkpoint;
+(6 and 7, `make stop` and `make start` of the gang, are test_gang_as_run.py's test 1, on its
+gang of two ranks in each CT, and test 9 here; each gang launch imports torch in every process.)
 8. `make rollback` stops both together and relaunches both on the previous release from the new
    checkpoint, a run whose rank 0 saves alone and whose ranks take the stop request;
 9. `make stop` of that run through the stop request: written in both CTs at the gang's moment,
@@ -242,29 +242,6 @@ MARGIN = (r"; margin (?P<margin>[0-9.]+) s, 2x the measured start of the stop, (
 
 def assert_margin_measured(found):
     assert float(found.group("margin")) == max(0.5, round(2 * float(found.group("measured")), 2)), found.group(0)
-
-
-def test_6_make_stop_stops_both_cts_at_one_moment_with_the_gang_checkpoint(gang):
-    res = gang.make("stop")
-    assert res.returncode == 0, res.stdout[-4000:]
-    saved = re.findall(rf"ok: \[ct40[01]\] => msg: '?stopped PID \d+ at stage 1 \(SIGINT\) in [0-9.]+s; new checkpoint "
-                       rf"({CKPT}/step_\d+)", res.out)
-    assert len(saved) == 2 and len(set(saved)) == 1, res.out  # both CTs see the one checkpoint ct400's rank 0 wrote
-    stopped = re.search(rf"gang {GANG} \(2 CTs\): stop signalled together \(skew of the signals sent [0-9.]+ ms, ct40[01] first{MARGIN}\) "
-                        rf"\(ct40[01] \+0\.0 ms, ct40[01] \+[0-9.]+ ms\), checkpoint {saved[0]}", res.out)
-    assert stopped, res.out
-    assert_margin_measured(stopped)
-    assert all(gang.run(host) == (None, []) for host in CTS)
-
-
-def test_7_make_start_launches_both_cts_from_the_gang_checkpoint(gang):
-    newest = gang.sh("ct400", f"cat {CKPT}/latest").strip().split("/")[-1]
-    res = gang.make("start")
-    assert res.returncode == 0, res.stdout[-4000:]
-    for host in CTS:
-        agent, workers = gang.run(host)
-        assert agent and len(workers) == RANKS_PER_CT, (host, res.out)
-    assert f"resumed from {CKPT}/{newest}" in gang.sh("ct400", "cat /workspace/logs/train.log")
 
 
 def test_8_make_rollback_stops_both_together_and_relaunches_both_on_the_previous_release(gang):
