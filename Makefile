@@ -130,7 +130,7 @@ test: export DFLASH_TEST_FAST_EXIT = 1
 test: ## lint, sanity, every test, the GPU check's CPU mode; FILE='a.py b.py' runs only those
 	@tests/testbed/install-host-packages.sh python3 python3-venv
 ifeq ($(strip $(FILE)),)
-	MAKE="$(MAKE)" tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
+	tests/run-all.sh $(BIN) $(CURDIR)/$(VENV_NEXT)/bin $(CURDIR)/$(VENV_TORCH)/bin/python $(PYTEST_ARGS)
 else
 	@$(MAKE) --no-print-directory -j3 host-packages venv venv-torch
 	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \

@@ -26,10 +26,9 @@ export DFLASH_TORCH_PYTHON="$torch_python"
 # an interrupted run ends the ones it started, by PID (the GPU check ends its trainers itself;
 # the pytest runs take their testbeds down)
 trap 'kill ${setup:-} ${lint:-} ${sanity:-} ${gpu_check:-} ${next:-} 2> /dev/null' INT TERM
-make=${MAKE:-make}
-"$make" --no-print-directory -j3 host-packages venv-next venv-torch &
+make --no-print-directory -j3 host-packages venv-next venv-torch &
 setup=$!
-"$make" --no-print-directory venv || { kill $setup 2> /dev/null; wait $setup; exit 1; }
+make --no-print-directory venv || { kill $setup 2> /dev/null; wait $setup; exit 1; }
 # lint and sanity wait on nothing but the CPU: at the lowest priority they take what the tests leave
 # (the tests mostly wait on trainers for a minute at a time) instead of slowing their trainers
 nice -n 19 "$bin/ansible-lint" --offline --profile production > "$logs/lint.log" 2>&1 &
