@@ -10,8 +10,8 @@ file under its final name) and dcp (a mark written last, .metadata). DeepSpeed (
 SpecForge's scripts (unchecked) and SpecForge (a link, else a mark) take the same paths through
 the job; every layout's stop meets real trainers in tests/unit/test_own_checkpoint_stop.py, and
 every write of every layout is cut in tests/unit/test_checkpoint_layouts.py. Each CT here costs
-the stops and relaunches of all three scenarios (about 17 CPU seconds with its first launch), within make test's 15
-minutes on two CPUs.
+the stops and relaunches of all three scenarios (about 17 CPU seconds with its first launch),
+within make test's 15 minutes on two CPUs.
 
 Three scenarios, each a stop (`redeploy.yml --tags stop`) judged against what the framework itself
 finds on disk (the imitation's own resume rule and loader, run in the CT), then the relaunch

@@ -35,10 +35,10 @@ What it does, with the run's spec (module_utils/ct/run_spec.py) and its policy (
 
 A gang is supervised as one, by its rounds (agent/rounds.py): a member whose run still runs stops it
 when another member's ended (its own crash when its launcher's log says a rank of its own was
-killed first: that end caused the other's); once every member is down, each relaunches at the same moment, into
-one rendezvous, and the crash-loop count is the gang's rounds. Its state is ``supervisor.json`` in
-the lifecycle directory (``make status``), its log ``supervisor.log``, a hang's diagnostics
-``diagnostics/``.
+killed first: that end caused the other's); once every member is down, each relaunches at the
+same moment, into one rendezvous, and the crash-loop count is the gang's rounds. Its state is
+``supervisor.json`` in the lifecycle directory (``make status``), its log ``supervisor.log``, a
+hang's diagnostics ``diagnostics/``.
 """
 
 from __future__ import annotations

@@ -430,13 +430,15 @@ def worker_signalled(lines, agent_pid):
     can still be winding down when a peer's end, caused by its own, reaches its supervisor."""
     for line in lines:
         found = WORKER_FAILED.match(line.strip())
-        if found and int(found.group(1)) == agent_pid and int(found.group(2)) < 0:
-            try:
-                name = signal.Signals(-int(found.group(2))).name
-            except ValueError:
-                name = f"signal {-int(found.group(2))}"
-            return (f"its worker local_rank {found.group(3)} (PID {found.group(4)}) was killed by {name}, "
-                    f"as its agent PID {agent_pid} logged")
+        if not found or int(found.group(1)) != agent_pid or int(found.group(2)) >= 0:
+            continue
+        signum = -int(found.group(2))
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return (f"its worker local_rank {found.group(3)} (PID {found.group(4)}) was killed by {name}, "
+                f"as its agent PID {agent_pid} logged")
     return None
 
 
