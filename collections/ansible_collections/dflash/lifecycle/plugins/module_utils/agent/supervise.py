@@ -51,7 +51,6 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, restart, rounds, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch, newest_checkpoint, save_under_way
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, run_spec
-from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
 
 def take_over(directory, pidfile):
@@ -121,7 +120,7 @@ def supervise(directory, agent):
             peers = {m: w for m, w in rounds.downs(sup).items() if m != sup.me} if len(sup.members) > 1 else {}
             if peers:
                 member, word = next(iter(peers.items()))
-                killed = launchers.worker_signalled(watch.log_tail(), pid)
+                killed = watch.own_rank_killed()
                 if killed:  # this member's own rank died first; the peer's end followed from it
                     return restart.stop_and_restart(sup, watch, f"crash: the trainer's launcher: {killed}", since,
                                                     kind="crash")

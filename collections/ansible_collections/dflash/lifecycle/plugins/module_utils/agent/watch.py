@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The run's beats, watched by its supervisor: its progress lines (in the log its trainer writes) and
 the stop request helper's heartbeat file, the intervals between them (what the hang timeout is
-learned from), and what the run's checkpoint directory holds now (Python 3.8 compatible).
+learned from), its launcher's word on a rank a signal ended, and what the run's checkpoint directory
+holds now (Python 3.8 compatible).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.supervision import LOG_MAX_BYTES
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable
+from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
 
 GAPS_KEPT = 64  # the intervals the hang timeout is learned from: the newest ones
@@ -38,6 +40,7 @@ class Watch:
         self.last_step = None
         self.heartbeat = self._heartbeat_path()
         self.heartbeat_at = 0.0
+        self.launcher_log, self.launcher_log_start = self._launcher_log()
         self.find_log()
 
     def _heartbeat_path(self):
@@ -46,6 +49,18 @@ class Watch:
         env = read_environ(self.main_pid) or {}
         path = env.get("DFLASH_STOP_REQUEST")
         return f"{path}.alive" if path else None
+
+    def _launcher_log(self):
+        """Where the run's launcher writes its words (its agent's stderr when that is a file, else the
+        launch's log_file), and its length now: what an earlier run wrote there, whose agent may have
+        had this PID (a PID the CT reused), is never read as this run's."""
+        path, _why = proctable.read_fd(self.main_pid, 2)
+        if not (path and os.path.isfile(path)):
+            path = self.launch["log_file"]
+        try:
+            return path, os.path.getsize(path)
+        except OSError:
+            return path, 0
 
     def find_log(self):
         main = proctable.read_process(self.main_pid)
@@ -100,6 +115,12 @@ class Watch:
             self.beats += 1
             self.last_beat = now
         return fresh
+
+    def own_rank_killed(self):
+        """Words naming a rank of this run that a signal ended, as the run's launcher logged it since
+        the watch began, or None."""
+        return launchers.worker_signalled(
+            self.progress.read_lines(self.launcher_log, self.launcher_log_start, max_bytes=65536), self.main_pid)
 
     def log_tail(self):
         return self.progress.read_lines(self.log or self.launch["log_file"], max_bytes=65536)

@@ -96,15 +96,23 @@ def test_a_job_launch_begins_a_lone_cts_rounds_afresh(tmp_path):
     assert run_spec.read(directory)["round"] == 3, "the supervisor's relaunch keeps counting"
 
 
-def test_beats_come_from_progress_lines_and_the_helpers_heartbeat_and_teach_the_gaps(tmp_path):
-    log, beat = tmp_path / "train.log", tmp_path / "stop-request.alive"
-    log.write_text("head\n")
+def watching(log, beat, main_pid=21720):
+    """A Watch of the run whose agent is main_pid, begun at the log's end as find_log begins it (no
+    process to find it from), the log its launcher's too."""
     watch = Watch.__new__(Watch)
     from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import progress
-    watch.progress, watch.reader = progress, progress.LogReader()
+    watch.progress, watch.reader, watch.main_pid = progress, progress.LogReader(), main_pid
+    watch.launcher_log, watch.launcher_log_start = str(log), log.stat().st_size
     watch.log, watch.offset, watch.partial = str(log), log.stat().st_size, b""
     watch.heartbeat, watch.heartbeat_at, watch.since = str(beat), 0.0, time.time() - 10
     watch.gaps, watch.beats, watch.last_beat, watch.last_step = [], 0, 100.0, None
+    return watch
+
+
+def test_beats_come_from_progress_lines_and_the_helpers_heartbeat_and_teach_the_gaps(tmp_path):
+    log, beat = tmp_path / "train.log", tmp_path / "stop-request.alive"
+    log.write_text("head\n")
+    watch = watching(log, beat)
     assert not watch.beat(101.0), "no new line, no heartbeat file"
     with open(log, "a", encoding="utf-8") as handle:
         handle.write("step 10 loss 3.2 tok/s 300.0\nstep 2")  # the second line is half written
@@ -115,6 +123,25 @@ def test_beats_come_from_progress_lines_and_the_helpers_heartbeat_and_teach_the_
     beat.write_text("")
     assert watch.beat(105.0) and watch.gaps == [2.5, 0.5], "the helper's heartbeat is a beat"
     assert not watch.beat(106.0), "the same heartbeat again is none"
+
+
+def test_a_rank_killed_is_read_only_from_the_lines_of_the_run_watched(tmp_path):
+    """torchrun's word on a rank a signal ended (torch 2.13's elastic/multiprocessing/api.py) counts
+    for the run watched only when written since the watch began: the same log's earlier run, whose
+    agent had the same PID (a PID the CT reused), says nothing of this one. Read whether or not the
+    log has progress lines (a gang member's ranks other than global rank 0 log none)."""
+    killed = ("E1207 16:47:57.957000 21720 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+              "(exitcode: -9) local_rank: 0 (pid: 21725) of binary: /opt/venv/bin/python3\n")
+    log = tmp_path / "train.log"
+    log.write_text("step 10 loss 3.2 tok/s 300.0\n" + killed)  # the earlier run's end
+    watch = watching(log, tmp_path / "stop-request.alive")
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write("W1207 16:50:01.000000 21720 torch/distributed/run.py:774] OMP_NUM_THREADS set to 1\n")
+    assert watch.own_rank_killed() is None
+    with open(log, "a", encoding="utf-8") as handle:
+        handle.write(killed)
+    assert watch.own_rank_killed() == \
+        "its worker local_rank 0 (PID 21725) was killed by SIGKILL, as its agent PID 21720 logged"
 
 
 def test_status_and_the_next_redeploy_say_each_end_once(tmp_path):
