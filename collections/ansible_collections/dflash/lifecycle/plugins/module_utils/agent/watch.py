@@ -18,6 +18,8 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import lau
 
 
 GAPS_KEPT = 64  # the intervals the hang timeout is learned from: the newest ones
+# the end of a log read for a crash's traceback or its launcher's word on a rank
+TAIL_BYTES = 65536
 
 
 class Watch:
@@ -120,10 +122,10 @@ class Watch:
         """Words naming a rank of this run that a signal ended, as the run's launcher logged it since
         the watch began, or None."""
         return launchers.worker_signalled(
-            self.progress.read_lines(self.launcher_log, self.launcher_log_start, max_bytes=65536), self.main_pid)
+            self.progress.read_lines(self.launcher_log, self.launcher_log_start, max_bytes=TAIL_BYTES), self.main_pid)
 
     def log_tail(self):
-        return self.progress.read_lines(self.log or self.launch["log_file"], max_bytes=65536)
+        return self.progress.read_lines(self.log or self.launch["log_file"], max_bytes=TAIL_BYTES)
 
 
 def newest_checkpoint(launch):

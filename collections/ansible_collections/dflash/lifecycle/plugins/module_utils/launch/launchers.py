@@ -425,7 +425,7 @@ WORKER_FAILED = re.compile(r"^[EWI]\d{4} [0-9:.]+ (\d+) \S+\] failed \(exitcode:
 
 def worker_signalled(lines, agent_pid):
     """Words naming a worker of the agent agent_pid that a signal ended (an OOM kill, a segfault),
-    from the lines of the run's log where torchrun's agent said so, or None. It is the agent's first
+    from the lines torchrun's agent wrote (its stderr), or None. It is the agent's first
     word on its failure, written before the agent ends the rest: a gang member whose rank was killed
     can still be winding down when a peer's end, caused by its own, reaches its supervisor."""
     for line in lines:
