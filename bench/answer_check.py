@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""What the controller's check of a CT's answer costs (plugin_utils/untrusted.py taken_output: the
-answer checked against its module's RETURN, every string cleaned), against the JSON parse that
+"""What the controller's check of a CT's answer costs (plugin_utils/untrusted.py AnswerCheck.answer:
+the output parsed as exactly one JSON object, bounded, its keys checked, checked against its
+module's RETURN, every string cleaned, then written again as JSON for ansible-core), against the JSON
+parse that
 ansible-core does of every answer anyway, side by side in one run, on answers of the shape and size
 of a redeploy's launch call: trainer_process's, with the stop it held (its timeline, targets,
 checkpoints), the throughput window and 100 log lines - once plain text, once with a character in
@@ -52,10 +54,11 @@ def median_ms(work):
 
 def main():
     print(f"the check of one launch answer, medians of {ROUNDS} runs of {CHECKS} (ms)")
-    print(f"{'answer':<34}{'bytes':>8}{'json.loads':>12}{'taken_output':>14}{'ratio':>8}")
+    print(f"{'answer':<34}{'bytes':>8}{'json.loads':>12}{'check':>14}{'ratio':>8}")
     for name, text in (("plain text", json.dumps(answer())), ("an escape in every string", json.dumps(answer("\x1b[2J")))):
         parse = median_ms(lambda text=text: json.loads(text))
-        check = median_ms(lambda text=text: untrusted.taken_output("trainer_process", text, "ct200"))
+        answer_check = untrusted.AnswerCheck("trainer_process", "ct200")
+        check = median_ms(lambda text=text: json.dumps(answer_check.answer(text, "", 0)))
         print(f"{name:<34}{len(text):>8}{parse:>12.2f}{check:>14.2f}{check / parse:>7.1f}x")
     docs = []
     for _ in range(ROUNDS):

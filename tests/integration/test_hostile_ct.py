@@ -15,6 +15,7 @@ address that the forged lines name counts them); another CT's run is untouched; 
 ends within its bound and says so; the controller's job ends with one clear line naming the CT,
 with no escape sequence and no template in its output."""
 
+import base64
 import contextlib
 import glob
 import json
@@ -28,7 +29,7 @@ import time
 
 import pytest
 
-from testlib import END_RUNS, REPO, make
+from testlib import BIN, END_RUNS, REPO, make, run_tool
 
 HOSTILE, HOSTILE_NODE, HOSTILE_VMID = "ct200", "pve1", "200"
 BYSTANDER, BYSTANDER_VMID = "ct201", "201"
@@ -224,14 +225,23 @@ def forged_answer(module, templated):
     return answer
 
 
-FORGERY = """#!/bin/sh
-# the CT's root's python3: every module's answer is its own
+FORGED_MODULES = ("trainer_preflight", "trainer_info", "trainer_process", "trainer_release", "staged_stop",
+                  "redeploy_lock", "model_stage", "pve_hook_mark")
+FORGERY = ("""#!/bin/sh
+# the CT's root's python3: every module's answer is its own; a call whose arguments name
+# /framing/<name> gets the bytes of /root/framed/<name>, as they are
 payload=$(cat)
-for module in trainer_preflight trainer_info trainer_process trainer_release staged_stop redeploy_lock model_stage; do
+case "$payload" in *"/framing/unreachable"*)  # ssh's exit status for a connection that failed
+    printf 'ssh: \\033]0;owned\\007%s\\n' $TEMPLATE >&2; exit 255 ;;
+esac
+case "$payload" in *"/framing/"*)
+    name=${payload#*/framing/}; cat "/root/framed/${name%%[!a-z-]*}"; exit 0 ;;
+esac
+for module in """ + " ".join(FORGED_MODULES) + """; do
     case "$payload" in *plugins.modules.$module*) cat /root/forged/$module.json; exit 0 ;; esac
 done
 echo '{"failed": true, "msg": "no forgery for this module"}'
-"""
+""").replace("$TEMPLATE", shlex.quote(TEMPLATE))
 
 
 @pytest.fixture
@@ -241,8 +251,7 @@ def forged(testbed, tmp_path):
     real = "/usr/bin/" + os.path.basename(os.path.realpath("/usr/bin/python3"))
 
     def answers(templated):
-        for module in ("trainer_preflight", "trainer_info", "trainer_process", "trainer_release", "staged_stop",
-                       "redeploy_lock", "model_stage"):
+        for module in FORGED_MODULES:
             body = json.dumps(forged_answer(module, templated))
             in_ct(testbed, FORGER_NODE, FORGER_VMID, f"mkdir -p /root/forged && cat > /root/forged/{module}.json "
                                                      f"<<'EOF'\n{body}\nEOF")
@@ -256,7 +265,8 @@ def forged(testbed, tmp_path):
                               check=True).stdout == "1\n"
         yield answers
     finally:
-        in_ct(testbed, FORGER_NODE, FORGER_VMID, f"umount {real}; rm -rf /root/forgery /root/forged", check=False)
+        in_ct(testbed, FORGER_NODE, FORGER_VMID, f"umount {real}; rm -rf /root/forgery /root/forged /root/framed",
+              check=False)
         for path in glob.glob(MARK + "*"):
             os.unlink(path)
 
@@ -331,3 +341,133 @@ def test_6_a_progress_file_the_ct_plants_during_a_long_stop_fails_nothing_and_sh
     finally:
         in_ct(testbed, FORGER_NODE, FORGER_VMID, f"kill $(cat /root/planter.pid); rm -f /root/planter.pid; {END_RUNS}",
               check=False)
+
+
+# -- an answer framed so that ansible-core would find a JSON object in it ------------------------
+
+# a forgery in the JSON's own escapes: printable in the raw text, ESC and { once decoded
+DECODED = json.dumps({"changed": False, "pid": "forged", "running": True, "msg": "\x1b[2J\x1b]0;owned\x07" + TEMPLATE,
+                      "warnings": ["\x1b]0;owned\x07" + TEMPLATE], "ansible_facts": {"dflash_pwned": TEMPLATE}})
+FRAMED = {
+    "line-before": ("ok\n" + DECODED, "text before its JSON object"),
+    "control-before": ("\x1b]0;owned\x07" + DECODED, "text before its JSON object"),
+    "answer-after": ('{"changed": false}\n' + DECODED, "text after its JSON object"),
+    "key-cleaned": ('{"changed": false, "pid\\u200b": "forged"}', "the key 'pid\\u200b', which cleaning changes"),
+    "key-twice": ('{"running": false, "running": true}', "the key 'running' given twice"),
+    "not-finite": ('{"uptime_s": NaN}', "NaN, a number that is not finite"),
+    "internal-key": ('{"_ansible_no_log": true}', "the key '_ansible_no_log', one of ansible-core's own"),
+}
+# a lock refusal whose fields say what to paste: the controller writes the refusal, and gives a
+# command only with a code it checked
+FORGED_REFUSAL = json.dumps({"failed": True, "msg": "take it over: -e redeploy_lock_takeover=$(touch " + MARK + "-8)",
+                             "exception": {"event": {"msg": "take it over: -e redeploy_lock_takeover=$(id)",
+                                                     "__ansible_type": "Event"}, "__ansible_type": "ErrorSummary"},
+                             "lock_held": {"holder": "a job -e redeploy_lock_takeover=$(touch " + MARK + "-9)",
+                                           "since": 1.0, "expires": 4e9, "renewed": 1.0, "phase": "stop",
+                                           "worker_pid": None, "takeover_code": "$(touch " + MARK + "-10)"}})
+FRAMINGS_PLAY = """
+- hosts: ct300
+  gather_facts: false
+  tasks:
+    - name: Ask the CT with each framing
+      dflash.lifecycle.trainer_info:
+        pidfile: /framing/{{ item }}
+        checkpoint_dir: /x
+        log_file: /x
+      loop: "{{ framings }}"
+      ignore_errors: true
+    - name: Ask the CT with an exit status that reads as ssh's own failure
+      dflash.lifecycle.trainer_info:
+        pidfile: /framing/unreachable
+        checkpoint_dir: /x
+        log_file: /x
+      ignore_unreachable: true
+    - name: Mark the CT's hook, whose answer is forged too
+      dflash.lifecycle.pve_hook_mark:
+        lifecycle_dir: /var/lib/dflash/lifecycle
+        installed: true
+        set_at: 1
+"""
+
+
+def frame(testbed, name, text):
+    """/root/framed/name in the forger CT holds text's bytes exactly (its python3 is the forgery's)."""
+    encoded = base64.b64encode(text.encode()).decode()
+    in_ct(testbed, FORGER_NODE, FORGER_VMID, f"mkdir -p /root/framed && echo {encoded} | base64 -d > /root/framed/{name}")
+
+
+def one_line(output, module, why):
+    return f"{FORGER}: the answer of dflash.lifecycle.{module} from the CT is malformed ({why}); none of it is used" \
+        in output
+
+
+def test_7_an_answer_framed_as_ansible_core_would_skip_to_fails_the_cts_task_in_one_line(testbed, forged, tmp_path):
+    """A line, a control byte, another answer or keys and numbers that ansible-core's parser would
+    take: each fails the task with one line naming the CT and what is wrong; nothing of it is shown,
+    templated or kept as facts. make status and make restart (whose rescue names the failed check
+    again) with a line before the answer; then every framing in one playbook, and a forged refusal."""
+    forged(templated=True)
+    for module in FORGED_MODULES:
+        frame(testbed, module, FRAMED["line-before"][0])
+        in_ct(testbed, FORGER_NODE, FORGER_VMID, f"cp /root/framed/{module} /root/forged/{module}.json")
+    for job, module in (("status", "trainer_info"), ("restart", "trainer_preflight")):
+        done = make(job, f"HOST={FORGER}")
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and one_line(output, module, "text before its JSON object"), output[-3000:]
+        assert "forged" not in output and "dflash_pwned" not in output and "Traceback" not in output, output[-3000:]
+        clean(output)
+    for name, (text, _why) in FRAMED.items():
+        frame(testbed, name, text)
+    frame(testbed, "forged-refusal", FORGED_REFUSAL)
+    (tmp_path / "framings.yml").write_text(FRAMINGS_PLAY)
+    done = testbed.playbook(str(tmp_path / "framings.yml"), "-e", json.dumps({"framings": [*FRAMED, "forged-refusal"]}),
+                            check=False)
+    output = done.stdout + done.stderr
+    for name, (_text, why) in FRAMED.items():
+        assert one_line(output, "trainer_info", why), (name, output[-4000:])
+    assert one_line(output, "pve_hook_mark", "text before its JSON object"), output[-4000:]
+    # ansible-core's YAML folds a message and doubles its quotes
+    flat = " ".join(output.replace("''", "'").split())
+    # what the CT wrote on stderr before an exit status of 255, which ansible-core takes for ssh's own
+    assert "over ssh: ssh: ]0;owned{ { lookup('ansible.builtin.pipe'" in flat, output[-4000:]
+    # the forged refusal: the controller's words, the CT's quoted as its word, no command to paste and
+    # no code of the CT's shown
+    assert f"{FORGER}: the CT is being redeployed by 'a job -e redeploy_lock_takeover=$(touch" in flat, output[-4000:]
+    assert "take the lock over with its takeover code" not in flat and "take it over:" not in flat
+    assert "takeover_code" not in output and f"{MARK}-10" not in output
+    assert "dflash_pwned" not in output and "Traceback" not in output
+    clean(output)
+    assert markers(testbed) == []
+
+
+def test_8_a_takeover_code_is_never_templated_and_only_hex_digits_are_taken(testbed):
+    """A pasted template or command substitution as the takeover code fails the job before any
+    module runs, naming the variable; nothing renders, nothing runs."""
+    stop = os.path.join(REPO, "playbooks", "stop.yml")
+    for pasted in (TEMPLATE.replace(MARK + "-controller", MARK + "-takeover"), f"$(touch {MARK}-takeover2)"):
+        # straight to ansible-playbook: make would expand $(...) itself, to nothing
+        done = testbed.playbook(stop, "-l", FORGER, "-e", json.dumps({"redeploy_lock_takeover": pasted}), check=False)
+        output = done.stdout + done.stderr
+        assert done.returncode != 0 and "redeploy_lock_takeover: " in output, output[-3000:]
+        assert "is not a lock's takeover code (12 hex digits, as a refusal gives it); it was not templated" in output
+        clean(output)
+    assert markers(testbed) == []
+
+
+def test_9_a_fifo_the_ct_plants_where_a_push_goes_holds_the_node_no_longer_than_its_bound(testbed, tmp_path):
+    in_ct(testbed, FORGER_NODE, FORGER_VMID, "rm -f /root/push-target && mkfifo /root/push-target")
+    source = tmp_path / f"dflash-fifo-push-{os.getpid()}"
+    source.write_bytes(b"x" * 1024)
+    try:
+        began = time.monotonic()
+        done = run_tool([os.path.join(BIN, "ansible"), FORGER_NODE, "-m", "dflash.lifecycle.pct_push", "-a",
+                         json.dumps({"src": str(source), "vmid": int(FORGER_VMID), "dest": "/root/push-target",
+                                     "timeout": 3})], check=False)
+        took = time.monotonic() - began
+        assert done.returncode != 0 and "pct push to CT 300:/root/push-target did not end within 3 s" in done.stdout, \
+            done.stdout[-3000:]
+        assert took < 3 + 5 + 30, took  # the bound, the KILL after it, and ansible's own start and SSH
+        leftover = testbed.ssh(FORGER_NODE, f"find ~/.ansible/tmp -name {source.name}").stdout.split()
+        assert leftover == [], leftover  # the transit copy removed whatever pct said
+    finally:
+        in_ct(testbed, FORGER_NODE, FORGER_VMID, "rm -f /root/push-target", check=False)

@@ -224,7 +224,7 @@ def test_concurrent_redeploys_of_one_ct(seeded):
     out_first = first.communicate(timeout=300)[0]
     assert first.returncode == 0, out_first
     assert second.returncode != 0
-    assert "CT is being redeployed by root@" in second.stdout and " since " in second.stdout
+    assert "ct301: the CT is being redeployed by 'root@" in second.stdout.replace("''", "'") and " since " in second.stdout
 
 
 def test_stale_lock_is_taken_over(seeded):

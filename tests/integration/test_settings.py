@@ -125,8 +125,12 @@ def test_a_rollback_during_a_redeploy_is_refused_and_another_ct_is_not(testbed):
         holder = json.loads(lock)["holder"]
         refused = make("rollback", "HOST=ct301")
         assert refused.returncode != 0
-        assert f"CT is being redeployed by {holder} since " in refused.stdout, refused.stdout[-3000:]
-        assert "last phase: launch" in refused.stdout and "Now in this CT: the trainer PID" in refused.stdout
+        # the controller's words from the lock's fields, the CT's quoted as its word; its worker is
+        # alive, so no command to take it over is given
+        assert f"ct301: the CT is being redeployed by '{holder}' (as its lock file says) since " in refused.stdout, \
+            refused.stdout[-3000:]
+        assert "last phase 'launch'" in refused.stdout and "Now in this CT, as it says: 'the trainer PID" in refused.stdout
+        assert "is alive and keeps the lease" in refused.stdout and "-e redeploy_lock_takeover=" not in refused.stdout
         status = make("status", "HOST=ct301")
         assert re.search(r"locked_by: .*ansible-playbook pid \d+, phase launch", status.stdout), status.stdout
         other = make("stop", "HOST=ct300")  # another CT: its own lock

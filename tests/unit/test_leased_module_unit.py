@@ -80,9 +80,12 @@ def test_a_live_lock_is_taken_over_only_by_its_takeover_code_never_by_a_holders_
 
     call(capsys, {"lock_path": lock_path, "lock_holder": "root@ctl run gone1"})  # its run died
     refused = call(capsys, {"lock_path": lock_path, "lock_holder": "bob run 2"})
-    # the refusal says how to take it over: a code of hex digits, never the holder's text (the CT wrote it)
+    # the refusal gives the lock's fields, its takeover code among them (hex digits, never the holder's
+    # text, which the CT wrote); the controller writes the words and the command (plugin_utils/ct_action.py)
     code = lock.takeover_code(json.load(open(lock_path, encoding="utf-8")))
-    assert f"-e redeploy_lock_takeover={code})" in refused["msg"] and len(code) == 12
+    assert refused["lock_held"]["takeover_code"] == code and len(code) == 12
+    assert refused["lock_held"]["holder"] == "root@ctl run gone1" and refused["lock_held"]["worker_pid"] is None
+    assert "redeploy_lock_takeover" not in refused["msg"]
     # the holder's text is no takeover (it would be pasted into a job), nor is another lock's code
     for wrong_code, why in (("root@ctl run gone1", "is not a lock's takeover code (12 hex digits"),
                             ("{{ lookup('pipe', 'id') }}", "is not a lock's takeover code (12 hex digits"),

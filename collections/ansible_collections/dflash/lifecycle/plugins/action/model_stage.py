@@ -6,11 +6,11 @@ seconds (54 GB take a minute or more), shows its bytes, rate and ETA on the cont
 
 from __future__ import annotations
 
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.ct_action import CTModuleAction
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ProgressWatch, stage_words
 
 
-class ActionModule(CachedPayloadAction):
+class ActionModule(CTModuleAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)

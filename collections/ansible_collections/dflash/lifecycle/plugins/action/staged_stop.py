@@ -5,11 +5,11 @@ passes 10 seconds, shows its progress on the controller (plugin_utils/progress_w
 
 from __future__ import annotations
 
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.ct_action import CTModuleAction
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ProgressWatch, stop_progress_file, stop_words
 
 
-class ActionModule(CachedPayloadAction):
+class ActionModule(CTModuleAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)

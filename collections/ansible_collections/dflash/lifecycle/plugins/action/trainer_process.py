@@ -7,11 +7,11 @@ the CT when this job's ansible-playbook died while the module ran (ControllerWat
 
 from __future__ import annotations
 
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils.payload_cache import CachedPayloadAction
+from ansible_collections.dflash.lifecycle.plugins.plugin_utils.ct_action import CTModuleAction
 from ansible_collections.dflash.lifecycle.plugins.plugin_utils.progress_watch import ControllerWatch, launch_watch
 
 
-class ActionModule(CachedPayloadAction):
+class ActionModule(CTModuleAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         controller = ControllerWatch()

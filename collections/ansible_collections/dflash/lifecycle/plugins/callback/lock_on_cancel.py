@@ -187,8 +187,9 @@ class CallbackModule(CallbackBase):
 def host_outcome(output, host):
     """None when `ansible -o`'s output says that the call on host succeeded, else its line (or
     that there is none), printable and cut: one line per host, "HOST | STATUS => {...}"; a CT's
-    answer, JSON on that line, cannot start a line of another."""
-    for line in output.splitlines():
+    answer, JSON on that line, cannot start a line of another (lines end at a newline alone: a U+2028
+    that str.splitlines would break at is part of its line)."""
+    for line in output.split("\n"):
         if line.startswith(f"{host} | "):
             status = line[len(host) + 3:].split(" ", 1)[0]
             return None if status in ("SUCCESS", "CHANGED") else printable(line[:300])

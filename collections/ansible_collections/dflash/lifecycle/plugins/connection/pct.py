@@ -100,9 +100,13 @@ from ansible.plugins.connection.ssh import Connection as SSHConnection
 from ansible.plugins.loader import connection_loader
 from ansible.utils.display import Display
 
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node.installed_hookscript import printable
+
 display = Display()
 
 FQCN = "dflash.lifecycle.pct"
+# what an error shows of what the CT's side wrote
+CT_WORDS = 4000
 VMID_RE = re.compile(r"^[1-9][0-9]{2,8}$")  # pve-common JSONSchema pve_verify_vmid
 
 
@@ -179,7 +183,9 @@ class Connection(SSHConnection):
         if missing:
             return AnsibleError(f"CT {self.vmid} is not on {where} (pct: {missing.group(0)}): it may have "
                                 "moved to another node")
-        return error
+        # anything else: the ssh plugin's words around what the command wrote on stderr, and a command
+        # in the CT that exits 255 is the CT's to write (docs/security.md): shown cleaned
+        return AnsibleConnectionFailure(printable(text, CT_WORDS, lines=True))
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         try:
@@ -195,7 +201,7 @@ class Connection(SSHConnection):
         error = self._stopped_ct(AnsibleConnectionFailure(to_text(stderr)))
         if returncode == 255 and not isinstance(error, AnsibleConnectionFailure):
             raise error
-        return returncode, stdout, stderr
+        return returncode, stdout, printable(to_text(stderr), CT_WORDS, lines=True)
 
     def put_file(self, in_path, out_path):
         # ConnectionBase.put_file only logs; the ssh parent's would use sftp/scp to the node.

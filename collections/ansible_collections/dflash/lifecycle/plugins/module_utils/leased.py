@@ -79,14 +79,15 @@ class LeasedModule(AnsibleModule):
         """Take or renew the lock for this call's job, recording its phase; a lock another job
         holds fails the call, saying what runs in the CT."""
         code = self.params["lock_takeover"]
-        if code and not lock.TAKEOVER_CODE.match(code):
+        if code and not lock.TAKEOVER_CODE.fullmatch(code):
             self.fail_json(msg=f"lock_takeover: {code!r} is not a lock's takeover code (12 hex digits, as the refusal "
                                "gives it; redeploy_lock_takeover in the playbooks)")
         try:
             return lock.take(self.params["lock_path"], self.params["lock_holder"], self.params["lock_ttl"],
                              code, phase)
         except lock.LockHeld as err:
-            self.fail_json(msg=f"{err} Now in this CT: {ct_state(self.params['lock_path'])}.", holder=err.holder)
+            state = ct_state(self.params["lock_path"])
+            self.fail_json(msg=f"{err} Now in this CT: {state}.", lock_held=dict(err.held, ct_state=state))
         except rundir.UnsafePath as err:
             self.fail_json(msg=f"lock_path: {err}")
 

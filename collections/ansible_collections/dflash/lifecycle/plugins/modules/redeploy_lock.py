@@ -122,7 +122,7 @@ def main():
                 module.fail_json(msg=f"change_record: {err}")
         taken = lock.take(params["path"], params["holder"], params["ttl"])
     except lock.LockHeld as err:
-        module.fail_json(msg=str(err), holder=err.holder)
+        module.fail_json(msg=str(err), lock_held=err.held)
     except rundir.UnsafePath as err:
         module.fail_json(msg=str(err))
     module.exit_json(changed=taken.pop("changed"), msg=taken.pop("msg"),

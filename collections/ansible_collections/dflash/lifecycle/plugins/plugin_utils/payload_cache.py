@@ -50,9 +50,6 @@ from ansible import constants as C
 from ansible import release
 from ansible.executor import module_common
 from ansible.module_utils import basic
-from ansible.plugins.action import ActionBase
-
-from ansible_collections.dflash.lifecycle.plugins.plugin_utils import untrusted
 
 COLLECTION_PLUGINS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the Python module path ansible-core gives a module of this collection in the payload
@@ -208,29 +205,3 @@ def keep(module):
                     shutil.rmtree(entry.path, ignore_errors=True)
     except OSError:
         return
-
-
-class CachedPayloadAction(ActionBase):
-    """An action plugin whose modules' payloads come from the store when it has them, and whose
-    modules' answers from the CT are taken as untrusted.taken() has them: checked and cleaned
-    before ansible-core or the project reads or shows any of it."""
-
-    _answer_of = None  # (module, host) of the call under way
-
-    def _execute_module(self, module_name=None, *args, **kwargs):  # pylint: disable=keyword-arg-before-vararg
-        name = (module_name or self._task.resolved_action or self._task.action).rpartition(".")[2]
-        task_vars = kwargs.get("task_vars") or (args[2] if len(args) > 2 else None) or {}
-        self._answer_of = (name, task_vars.get("inventory_hostname") or self._play_context.remote_addr or "?")
-        restore(name)
-        try:
-            return super()._execute_module(module_name, *args, **kwargs)
-        finally:
-            keep(name)
-
-    def _parse_returned_data(self, res, *args, **kwargs):
-        # before ansible-core reads it: it shows a module's junk, warnings and failure raw
-        if self._answer_of is not None:
-            module, host = self._answer_of
-            res = dict(res, stdout=untrusted.taken_output(module, res.get("stdout") or "", host),
-                       stderr=untrusted.printable(res.get("stderr") or "", untrusted.OUTPUT_CHARS, lines=True))
-        return super()._parse_returned_data(res, *args, **kwargs)

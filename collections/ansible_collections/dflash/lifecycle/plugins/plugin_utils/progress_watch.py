@@ -89,7 +89,7 @@ def progress_line(render, text):
         if not isinstance(progress, dict):
             return None
         return printable(render(progress), LINE_CHARS)
-    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, OverflowError):
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError, RecursionError):
         return None
 
 

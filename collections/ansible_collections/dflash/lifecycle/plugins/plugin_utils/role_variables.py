@@ -5,7 +5,8 @@
 A variable in a role's namespace (``trainer_stop_*``, ``trainer_run_*`` ...) or a job setting
 (``redeploy_*``) that no role knows is a mistake - a typo, or a name from an older version -
 and would be ignored in silence. Known are: every option of a role's argument specs (any entry
-point), the keys of its defaults and vars, and the results its tasks register.
+point), the keys of its defaults and vars, the results its tasks register, and the takeover code
+(TAKEOVER_VARIABLE).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 OURS = re.compile(r"^(dflash|trainer_[a-z]+|redeploy)_")
 ROLE_PREFIX = "trainer_"
 REGISTER = re.compile(r"^\s*register:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", re.M)
+# the job setting no role holds and no template reads: the CT modules' action plugin reads it as the
+# job gave it (plugin_utils/ct_action.py): in a role's defaults or argument spec, it would be templated
+TAKEOVER_VARIABLE = "redeploy_lock_takeover"
 # names that work for one more version, with a deprecation warning
 DEPRECATED = {
     "trainer_stop_checkpoint_max_wait": "trainer_stop_graceful_wait_cap",
@@ -79,7 +83,7 @@ class Project:
 
     def __init__(self, roles_dir):
         self.specs = {}
-        self.known = set()
+        self.known = {TAKEOVER_VARIABLE}
         for role_dir in sorted(glob.glob(os.path.join(roles_dir, ROLE_PREFIX + "*"))):
             role = os.path.basename(role_dir)
             entry_points = _load(os.path.join(role_dir, "meta", "argument_specs.yml")).get("argument_specs", {})

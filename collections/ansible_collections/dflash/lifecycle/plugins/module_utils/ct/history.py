@@ -92,6 +92,19 @@ def record_post_start(directory):
     _update(directory, lambda record: record.update(post_start_at=time.time()))
 
 
+def mark_hook(directory, installed, set_at):
+    """What ``make pve-hooks`` did to the CT's hookscript, written to ``pve-hook.json``: the
+    lifecycle directory made as a launch makes it (its parents with the defaults, itself root's
+    only) and the marker rewritten, so that its modification time is this moment on the node's
+    clock. Raises OSError or UnsafePath (a directory that is a symlink, not root's or writable by
+    others: refused, never followed)."""
+    os.makedirs(os.path.dirname(directory), 0o755, exist_ok=True)
+    secure_dir(directory)
+    path = os.path.join(directory, "pve-hook.json")
+    write_atomic(path, json.dumps({"installed": bool(installed), "set_at": set_at}) + "\n", 0o644)
+    return path
+
+
 def hook_marker(directory):
     """What ``make pve-hooks`` last did to the CT's hookscript ({installed, set_at}), with
     ``written_at``, the file's modification time, or None. ``set_at`` is the controller's clock;

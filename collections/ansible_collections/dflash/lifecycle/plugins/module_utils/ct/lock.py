@@ -31,9 +31,11 @@ from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import 
 
 
 class LockHeld(Exception):
-    def __init__(self, msg, holder):
+    """A lock another holder keeps; held: its fields as a refusal gives them (held_fields)."""
+
+    def __init__(self, msg, held):
         super().__init__(msg)
-        self.holder = holder
+        self.held = held
 
 
 UNREADABLE = {"holder": "unreadable lock file", "expires": 0}
@@ -95,7 +97,16 @@ def read(path):
         return None
 
 
+def held_fields(current):
+    """A live lock of another holder as a refusal answers it: the controller writes the refusal's
+    words, and the command to take it over, from these (plugin_utils/ct_action.py)."""
+    return {"holder": str(current.get("holder")), "since": current.get("since"), "expires": current.get("expires"),
+            "renewed": current.get("renewed", current.get("since")), "phase": current.get("phase"),
+            "worker_pid": live_worker(current), "takeover_code": takeover_code(current)}
+
+
 def _refusal(current, now):
+    """The refusal in words, for the CT's own agents and logs; a job's controller writes its own."""
     renewed = current.get("renewed", current.get("since", 0))
     lease = (f"lease until {_clock(current['expires'])}, renewed last at {_clock(renewed)}, "
              f"{max(0, round(now - renewed))}s ago")
@@ -105,8 +116,7 @@ def _refusal(current, now):
                 f"is alive and keeps the lease: it is not taken over. The lock is free "
                 f"within {round(current['expires'] - current.get('renewed', now))}s of that worker's end.")
     return (f"CT is being redeployed by {describe(current)} ({lease}); it is free once the lease ends, "
-            f"unless renewed; if that run is known to be gone, take the lock over with its takeover code "
-            f"(the playbooks: -e redeploy_lock_takeover={takeover_code(current)}).")
+            "unless renewed, or taken over with its takeover code.")
 
 
 def acquire(path, holder, ttl, now=None, takeover=None, phase=None, takeover_holder=None):
@@ -124,7 +134,7 @@ def acquire(path, holder, ttl, now=None, takeover=None, phase=None, takeover_hol
             named = (takeover == takeover_code(current)
                      or (takeover_holder is not None and current.get("holder") == takeover_holder))
             if live and (not named or live_worker(current) is not None):
-                raise LockHeld(_refusal(current, now), current)
+                raise LockHeld(_refusal(current, now), held_fields(current))
             taken_over = current
         since = current["since"] if current is not None and taken_over is None else now
         lock = {"holder": holder, "since": since, "expires": now + ttl, "renewed": now, "phase": phase,

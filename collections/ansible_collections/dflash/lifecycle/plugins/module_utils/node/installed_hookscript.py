@@ -78,9 +78,10 @@ class PolicyError(ValueError):
 
 
 def printable(text, limit=LINE_CHARS, lines=False):
-    """text as a person may be shown it when a CT wrote it: control and format characters removed
-    (no escape sequence reaches a terminal, no bidirectional override reorders a line; lines: the
-    line breaks kept), a template opener broken up (``{{`` as ``{ {``: pasted into Ansible, or
+    """text as a person may be shown it when a CT wrote it: control, format and Unicode line and
+    paragraph separator characters removed (no escape sequence reaches a terminal, no bidirectional
+    override reorders a line, no U+2028 starts a line that str.splitlines() would read as another's;
+    lines: the line breaks kept), a template opener broken up (``{{`` as ``{ {``: pasted into Ansible, or
     published to AWX, it templates nothing), at most limit characters. The controller shows what a
     CT wrote through this too (plugin_utils/untrusted.py)."""
     text = (text if isinstance(text, str) else str(text))[:4 * limit]  # the work bounded too
@@ -88,7 +89,7 @@ def printable(text, limit=LINE_CHARS, lines=False):
         return text if len(text) <= limit else text[:limit - 1] + "…"
     kept = "".join(" " if char == "\t" else char for char in text
                    if char == "\t" or (lines and char == "\n")
-                   or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn"))
+                   or unicodedata.category(char) not in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))
     kept = _TEMPLATE_OPENER.sub("{ ", kept)
     return kept if len(kept) <= limit else kept[:limit - 1] + "…"
 

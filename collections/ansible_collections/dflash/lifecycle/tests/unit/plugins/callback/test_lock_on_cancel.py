@@ -107,6 +107,9 @@ def test_only_the_hosts_own_line_of_ansibles_output_says_how_its_call_went():
     assert lock_on_cancel.host_outcome(output, "ct201").startswith("ct201 | FAILED! => ")
     assert lock_on_cancel.host_outcome(output, "ct202") == "no answer"
     assert lock_on_cancel.host_outcome("ct202 | UNREACHABLE! => {}\n", "ct202") == "ct202 | UNREACHABLE! => {}"
+    # a line separator inside a CT's answer does not start a line that reads as another CT's outcome
+    forged = "ct201 | FAILED! => {\"msg\": \"x\u2028ct200 | SUCCESS => {}\"}\n"
+    assert lock_on_cancel.host_outcome(forged, "ct200") == "no answer"
 
 
 def test_the_release_call_takes_its_values_as_unsafe_extra_variables(tmp_path):

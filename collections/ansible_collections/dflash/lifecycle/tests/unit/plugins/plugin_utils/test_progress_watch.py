@@ -71,14 +71,15 @@ def test_a_launch_with_its_stop_first_shows_the_stop_then_the_launch(monkeypatch
 
 
 def test_a_progress_file_the_ct_planted_never_fails_the_task_nor_reaches_the_terminal_raw(monkeypatch):
-    """The CT's root writes the progress file: wrong types, a list, a huge file, escape sequences
-    and a template. The task goes on; no escape sequence and no template opener is shown; a file that
+    """The CT's root writes the progress file: nesting deeper than Python parses, wrong types, a
+    list, a huge file, escape sequences and a template. The task goes on; no escape sequence and no template opener is shown; a file that
     is not the module's is said once; at most PROGRESS_BYTES are read."""
     shown, commands = [], []
     monkeypatch.setattr(progress_watch.display, "display", shown.append)
     monkeypatch.setattr(progress_watch, "FIRST_AFTER", 0.05)
     monkeypatch.setattr(progress_watch, "EVERY", 0.05)
     planted = iter([
+        "[" * progress_watch.PROGRESS_BYTES,  # nested deeper than the parser goes: a RecursionError
         {"stage": "1\x1b[2J", "signal": "{{ lookup('pipe', 'id') }}\x1b]0;owned\x07", "elapsed": 1.0, "running": 1},
         {"stage": 1, "signal": "SIGINT", "elapsed": "x", "bound": [], "running": 1, "checkpoint_bytes": "many"},
         ["not", "a", "mapping"],
@@ -88,7 +89,8 @@ def test_a_progress_file_the_ct_planted_never_fails_the_task_nor_reaches_the_ter
     class Planted:
         def exec_command(self, command):
             commands.append(command)
-            return 0, json.dumps(next(planted, {"stage": 2})).encode(), b""
+            text = next(planted, {"stage": 2})
+            return 0, (text if isinstance(text, str) else json.dumps(text)).encode(), b""
 
     watch = progress_watch.ProgressWatch(Planted(), "/run/dflash/stop.progress.json", progress_watch.stop_words, "ct1")
     assert watch.run(lambda: time.sleep(0.5) or {"ok": 1}) == {"ok": 1}

@@ -42,3 +42,8 @@ def test_the_roles_dir_is_found_beside_or_above_the_playbook(roles):
     assert role_variables.find_roles_dir({"playbook_dir": str(roles / "playbooks")}) == str(roles / "roles")
     with pytest.raises(ValueError):
         role_variables.find_roles_dir({"playbook_dir": "/nonexistent"})
+
+
+def test_the_takeover_code_is_known_though_no_role_holds_it(roles):
+    """redeploy_lock_takeover is read untemplated by the CT modules' action plugin, never by a role."""
+    assert role_variables.Project(str(roles / "roles")).unknown(["redeploy_lock_takeover"]) == []
