@@ -334,6 +334,15 @@ options:
         description: The webhook's timeout; its POST runs in a process of its own and never holds a restart up.
         type: float
         default: 3
+      webhook_ct:
+        description: The CT's inventory name, the C(ct) of its events and of their C(X-Dflash-CT) header.
+        type: str
+      webhook_key:
+        description:
+          - The CT's own key (hex) for its events' C(X-Dflash-Signature) (HMAC-SHA256 of C(<timestamp>.<body>)),
+            derived from the team's secret and O(supervise.webhook_ct) by the
+            P(dflash.lifecycle.webhook_key#filter) filter; unset, the events are not signed.
+        type: str
   metrics:
     description:
       - The run's metrics for Prometheus, with O(lifecycle.dir) set - served over HTTP at C(/metrics) on

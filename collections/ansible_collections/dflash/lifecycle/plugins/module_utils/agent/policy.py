@@ -28,8 +28,12 @@ POLICY = {"type": "dict", "options": {
     "crash_loop_window_s": {"type": "float", "default": 3600},
     "hang_floor_s": {"type": "float", "default": 300},
     "hang_factor": {"type": "float", "default": 5},
-    "webhook": {"type": "str"},
+    # a Slack-style URL is a secret in itself
+    "webhook": {"type": "str", "no_log": True},
     "webhook_timeout_s": {"type": "float", "default": 3},
+    # who the events say they are from, and the key they are signed with (agent/webhook.py)
+    "webhook_ct": {"type": "str"},
+    "webhook_key": {"type": "str", "no_log": True},
 }}
 
 

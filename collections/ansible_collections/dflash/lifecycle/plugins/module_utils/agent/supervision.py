@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, webhook
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import change_record, lock, proctable, run_spec
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct.rundir import write_atomic
 
@@ -157,7 +157,8 @@ def not_our_child(pid):
 
 def post_event(rules, event):
     """The webhook's POST of event (JSON) by the run's policy (rules), in a child of its own: it never
-    holds the restart up."""
+    holds the restart up. The event names the CT as the inventory does; with the CT's key, it is
+    signed (agent/webhook.py)."""
     url = rules.get("webhook")
     if not url:
         return
@@ -167,8 +168,12 @@ def post_event(rules, event):
     try:
         from ansible.module_utils.urls import open_url
 
-        open_url(url, data=json.dumps(event), method="POST", headers={"Content-Type": "application/json"},
-                 timeout=float(rules["webhook_timeout_s"])).close()
+        ct = rules.get("webhook_ct") or event.get("ct")
+        body = json.dumps(dict(event, ct=ct)).encode()
+        headers = {"Content-Type": "application/json"}
+        if rules.get("webhook_key"):
+            headers.update(webhook.signed_headers(ct, rules["webhook_key"], body, time.time()))
+        open_url(url, data=body, method="POST", headers=headers, timeout=float(rules["webhook_timeout_s"])).close()
     except BaseException:  # noqa: BLE001  (a forked child must never return into the supervisor)
         status = 1
     finally:

@@ -206,7 +206,9 @@ def test_the_supervisors_own_run_still_exiting_is_not_someone_elses_trainer(tmp_
         os.kill(other, signal.SIGKILL)
 
 
-def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_the_caller_up():
+def post_to_loopback(policy, event):
+    """(headers, body) of the POST that post_event makes of event, as a receiver on loopback gets it;
+    asserts that the caller went on at once and the child posted."""
     import http.server
     import threading
 
@@ -214,7 +216,8 @@ def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_th
 
     class Hook(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802  (http.server's name)
-            got.append((self.headers["Content-Type"], json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            # header names as HTTP takes them: in any case
+            got.append(({k.lower(): v for k, v in self.headers.items()}, self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(204)
             self.end_headers()
 
@@ -223,14 +226,55 @@ def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_th
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Hook)  # loopback only
     threading.Thread(target=server.handle_request, daemon=True).start()
-    hooked = dict(POLICY, webhook=f"http://127.0.0.1:{server.server_port}/dflash", webhook_timeout_s=3)
+    hooked = dict(POLICY, webhook=f"http://127.0.0.1:{server.server_port}/dflash", webhook_timeout_s=3, **policy)
     began = time.monotonic()
-    event = {"event": "crash", "ct": "ct200", "cause": "crash: the trainer killed by SIGKILL"}
     supervision.post_event(hooked, event)
     assert time.monotonic() - began < 0.5, "the POST runs in a child: the caller goes on at once"
     child_status = os.wait()[1]
     server.server_close()
-    assert child_status == 0 and got == [("application/json", event)]
+    assert child_status == 0 and len(got) == 1
+    return got[0]
+
+
+def test_the_webhook_gets_the_event_from_a_process_of_its_own_and_never_holds_the_caller_up():
+    event = {"event": "crash", "ct": "ct200", "cause": "crash: the trainer killed by SIGKILL"}
+    headers, body = post_to_loopback({}, event)
+    assert headers["content-type"] == "application/json" and json.loads(body) == event
+    assert "x-dflash-signature" not in headers
+
+
+def test_a_cts_events_are_signed_with_its_own_key_and_name_it_so_none_speaks_for_another():
+    """The receiver's check as docs/security.md gives it, written here from the docs (not the
+    agent's code): the key of the CT the header names, derived from the team's secret; the signature
+    over the timestamp and the body; the body naming the same CT."""
+    import hashlib
+    import hmac
+
+    secret = "team secret from the vault"
+
+    def key_of(ct):
+        return hmac.new(secret.encode(), b"dflash-lifecycle webhook\0" + ct.encode(), hashlib.sha256).hexdigest()
+
+    def receiver_takes(headers, body):
+        ct, stamp = headers["x-dflash-ct"], headers["x-dflash-timestamp"]
+        expected = hmac.new(key_of(ct).encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+        return (hmac.compare_digest(headers["x-dflash-signature"], f"sha256={expected}")
+                and json.loads(body)["ct"] == ct and abs(time.time() - int(stamp)) < 300)
+
+    # a CT that runs alone calls itself "this CT": its events name it as the inventory does
+    headers, body = post_to_loopback({"webhook_ct": "ct200", "webhook_key": key_of("ct200")},
+                                     {"event": "down", "ct": "this CT", "why": "crash loop"})
+    assert json.loads(body)["ct"] == "ct200" and receiver_takes(headers, body)
+    # ct201's root, with its own key, posts an event that names ct200: no receiver takes it
+    for forged in ({"webhook_ct": "ct200", "webhook_key": key_of("ct201")},
+                   {"webhook_ct": "ct201", "webhook_key": key_of("ct201")}):
+        headers, body = post_to_loopback(forged, {"event": "healthy", "ct": "ct200"})
+        if headers["x-dflash-ct"] == "ct201":  # signed as itself: the body then names ct201, not ct200
+            assert receiver_takes(headers, body) and json.loads(body)["ct"] == "ct201"
+        else:
+            assert not receiver_takes(headers, body)
+        tampered = body.replace(b'"ct201"', b'"ct200"')
+        assert tampered == body or not receiver_takes(dict(headers, **{"x-dflash-ct": "ct200"}), tampered)
 
 
 def test_a_hangs_stop_waits_the_runs_cadence_before_its_last_stage_and_requires_no_checkpoint():
