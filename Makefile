@@ -144,7 +144,7 @@ test-unit: venv venv-torch ## the unit tests alone, without the testbed
 	DFLASH_TORCH_PYTHON=$(CURDIR)/$(VENV_TORCH)/bin/python $(BIN)/python -m pytest -p no:cacheprovider \
 	  -n 4 --dist worksteal $(PYTEST_ARGS) tests/unit collections/ansible_collections/dflash/lifecycle/tests/unit < /dev/null
 
-bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, the stop request against SIGINT, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk, Proxmox's stop and start with the hookscript, the run's supervisor, the check of a CT's answer, the run's metrics, the payload's bytecode, the controller's Python, the controller's poll while a task waits)
+bench: setup venv-torch ## the benchmark tables (first progress against the hand procedure, stop latency, the stop after the trainer's own checkpoint, the stop request against SIGINT, checkpoint check, launcher stop, gang redeploy, push cost, redeploy cost, scale, check mode, model staging against the disk, Proxmox's stop and start with the hookscript, the run's supervisor, the check of a CT's answer, the run's metrics, the metrics' server against a slow client, the payload's bytecode, the controller's Python, the controller's poll while a task waits)
 	$(BIN)/python bench/first_progress.py
 	$(BIN)/python bench/stop_latency.py
 	$(BIN)/python bench/own_checkpoint_stop.py
@@ -159,6 +159,7 @@ bench: setup venv-torch ## the benchmark tables (first progress against the hand
 	$(BIN)/python bench/supervise.py
 	$(BIN)/python bench/answer_check.py
 	$(BIN)/python bench/metrics_cost.py
+	$(BIN)/python bench/scrape_server.py
 	$(BIN)/python bench/payload_bytecode.py
 	$(BIN)/python bench/controller_python.py
 	$(BIN)/python bench/poll_interval.py

@@ -134,8 +134,9 @@ class Bed(OwnTestbed):
 @pytest.fixture(scope="module")
 def monitored(tmp_path_factory):
     root = tmp_path_factory.mktemp("monitoring")
-    cts = {host: {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24",
-                  "metrics_target": f"{address}:{PORT}"} for host, (node, vmid, address) in CTS.items()}
+    # no metrics_target: the target list takes each CT's address from its Proxmox configuration (net0)
+    cts = {host: {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24"}
+           for host, (node, vmid, address) in CTS.items()}
     cts["ct501"]["testbed_unprivileged"] = True
     # a crash loop within seconds: the back-off from 1 s, left down after 2 restarts
     settings = {"trainer_launch_supervise_backoff_s": 1, "trainer_launch_supervise_crash_loop_restarts": 2,
@@ -163,8 +164,9 @@ def monitored(tmp_path_factory):
 
 
 def test_1_prometheus_scrapes_every_ct_by_the_inventorys_target_list(monitored):
-    """make metrics-targets writes one entry per CT, labelled from the inventory; Prometheus scrapes
-    both CTs on their NICs and sees each run up, wanted, training, with its release and launcher."""
+    """make metrics-targets writes one entry per CT, labelled from the inventory, at the address
+    Proxmox gives its NIC (never its name: DNS would decide who answers); Prometheus scrapes both CTs
+    on their NICs and sees each run up, wanted, training, with its release and launcher."""
     bed, prometheus, targets = monitored
     listed = json.loads(targets.read_text())
     assert sorted(listed, key=lambda e: e["labels"]["ct"]) == [
@@ -365,18 +367,25 @@ def serve_in_ct501(bed, body, before=None):
 
 
 def test_9_a_ct_that_serves_another_cts_labels_or_too_much_speaks_only_for_itself(monitored):
-    """ct501's root serves metrics that claim to be ct500's: they stay ct501's (honor_labels: false,
-    the CT's own labels renamed exported_*), and ct500's run is still up. Serving more samples than
+    """ct501's root serves metrics that claim to be ct500's, with labels of its own choosing and a
+    metric of its own: they stay ct501's (honor_labels: false, the CT's own labels renamed
+    exported_*), its other labels and metric are dropped (metric_relabel_configs), and ct500's run is
+    still up. Serving more samples than
     the job's sample_limit fails the scrape: DflashMetricsDown's condition, and nothing stored."""
     bed, prometheus, _targets = monitored
-    server = serve_in_ct501(bed, 'dflash_run_up{ct="ct500",vmid="500",node="mn1"} 0\\n')
+    server = serve_in_ct501(bed, 'dflash_run_up{ct="ct500",vmid="500",node="mn1",severity="page",team="ml"} 0\\n'
+                                 'evil_up{ct="ct500"} 1\\n')
     prometheus.wait("ct501's lie scraped", lambda: prometheus.query('dflash_run_up{exported_ct="ct500"}'))
     lie = prometheus.query('dflash_run_up{exported_ct="ct500"}')
     assert [(s["metric"]["ct"], s["metric"]["vmid"], s["value"][1]) for s in lie] == [("ct501", "501", "0")], lie
+    # a label of the CT's own choosing never reaches an alert's labels, and no metric but the project's is kept
+    assert "severity" not in lie[0]["metric"] and "team" not in lie[0]["metric"], lie
+    assert not prometheus.query('{__name__="evil_up"}') and not prometheus.query('{__name__=~"dflash_.+",team!=""}')
     assert prometheus.by_ct('dflash_run_up{exported_ct=""}').get("ct500") == 1
-    flood = "\\n".join(f"dflash_run_step{{rank=\"{i}\"}} {i}" for i in range(600)) + "\\n"
+    # 600 series the scrape job keeps (a label of the exporter's own, each value another series)
+    flood = "\\n".join(f"dflash_supervisor_state{{state=\"s{i}\"}} {i}" for i in range(600)) + "\\n"
     server = serve_in_ct501(bed, flood, server)
     prometheus.wait("ct501's scrape failed by its sample limit", lambda: prometheus.by_ct(
         'up{job="dflash-trainers"}') == {"ct500": 1, "ct501": 0})
-    assert not prometheus.query('dflash_run_step{ct="ct501",rank!=""}')
+    assert not prometheus.query('dflash_supervisor_state{ct="ct501",state=~"s[0-9]+"}')
     bed.sh("ct501", f"kill {server}")

@@ -6,7 +6,8 @@ cannot write it), and /mnt/ct-owned, handed to the CT's root as the node sees it
 
 The paths every other file runs on ct300 (the redeploy, the stop and its checkpoint rules, the
 failed launch's rollback, the Proxmox hook, a dead controller) run in this CT too; these tests show
-what is particular to it: the CT really is unprivileged, a checkpoint directory it cannot write is
+what is particular to it: the CT really is unprivileged (and the privileged ct200 is named as such),
+a checkpoint directory it cannot write is
 refused by name before the trainer is touched, and one on the mount point handed to it keeps the
 stop's checkpoint and the resume."""
 
@@ -57,6 +58,16 @@ def running(testbed):
 def test_1_the_ct_is_unprivileged_as_proxmox_builds_one(testbed, running):
     assert sh(testbed, "cat /proc/self/uid_map").stdout.split() == ["0", "100000", "65536"]
     assert "unprivileged: 1" in testbed.ssh(NODE, f"pct config {VMID}", check=True).stdout
+    # make status says what the node's configuration says; a preflight warns of the privileged ct200,
+    # and refuses it when asked, before anything is touched
+    status = " ".join(make("status", f"HOST=ct200:{CT}").stdout.split())
+    assert re.search(r"ct200.*privileged: '?YES: its root is root on the node", status), status[-3000:]
+    assert re.search(rf"{CT}.*privileged: '?no \(unprivileged", status), status[-3000:]
+    checked = make("check", "HOST=ct200", extra={"trainer_preflight_privileged": "refuse"})
+    flat = " ".join(checked.stdout.split()) + " ".join(checked.stderr.split())
+    assert "ct200: a privileged CT - its root is the node's root" in flat, flat[-3000:]
+    assert "unprivileged: a privileged CT: its root is the node's root (trainer_preflight_privileged=refuse" in flat
+    assert checked.returncode != 0 and re.search(r"ct200\s+: .*failed=1", checked.stdout), flat[-3000:]
     pid = trainer_pids(testbed)[0]
     # the trainer is root in the CT and uid 100000 on the node
     assert sh(testbed, f"stat -c %u /proc/{pid}").stdout.strip() == "0"

@@ -49,6 +49,21 @@ def test_the_scrape_configuration_checks(tmp_path):
     assert job["job_name"] == "dflash-trainers" and job["honor_labels"] is False and job["sample_limit"] >= 2 * len(SERVED) + 20
 
 
+def test_the_scrape_job_stores_only_the_projects_metrics_and_labels():
+    """The labels kept are the target's, what honor_labels renamed, and every label the exporter
+    serves; the metrics kept are the exporter's (Prometheus anchors both regexes)."""
+    job = yaml.safe_load(open(os.path.join(PROMETHEUS, "prometheus.yml"), encoding="utf-8"))["scrape_configs"][0]
+    keep, labelkeep = job["metric_relabel_configs"]
+    assert (keep["action"], keep["source_labels"]) == ("keep", ["__name__"])
+    assert all(re.fullmatch(keep["regex"], name) for name in SERVED)
+    assert not any(re.fullmatch(keep["regex"], name) for name in ("up", "node_cpu_seconds_total", "evil_dflash_x"))
+    assert labelkeep["action"] == "labelkeep"
+    target = ("job", "instance", "ct", "vmid", "node", "gang")
+    kept = {name for name in target + tuple(f"exported_{t}" for t in target) + metrics.LABELS + ("__name__",)}
+    assert all(re.fullmatch(labelkeep["regex"], name) for name in kept)
+    assert not any(re.fullmatch(labelkeep["regex"], name) for name in ("team", "severity", "exported_team", "le", "ct_"))
+
+
 def rule_exprs():
     rules = yaml.safe_load(open(RULES, encoding="utf-8"))
     return {rule["alert"]: rule["expr"] for group in rules["groups"] for rule in group["rules"]}

@@ -11,11 +11,12 @@ from testlib import BIN, REPO, run_tool
 
 
 MODULES = ("staged_stop", "release_manifest", "trainer_release", "trainer_preflight", "trainer_process",
-           "trainer_info", "validate_settings", "redeploy_lock", "pct_push")
+           "trainer_info", "validate_settings", "redeploy_lock", "pct_push", "pve_hook_mark")
 PLUGINS = {"connection": ("pct",),
            "filter": ("dflash_argv", "dflash_gpus_needed", "dflash_launcher_env", "dflash_env_pairs",
                       "redeploy_summary", "redeploy_report", "gang_plan", "gang_launcher_options", "gang_barrier",
-                      "gang_throughput", "gang_report", "gang_stop_report"),
+                      "gang_throughput", "gang_report", "gang_stop_report", "pct_config", "prometheus_target",
+                      "webhook_key"),
            "lookup": ("lock_holder",), "inventory": ("pve_cluster",), "module": MODULES}
 
 

@@ -1,6 +1,7 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The filter of Prometheus's target list (roles/metrics_targets, docs/monitoring.md).
+"""The filters of the runs' monitoring (docs/monitoring.md): Prometheus's target list
+(roles/metrics_targets) and the key each CT signs its webhook events with (roles/trainer_launch).
 
 Its module_utils are imported when it runs (docs/performance.md, "Filters load lazily"): to find any
 one of the collection's filters, ansible-core loads every filter file of it in each task's worker,
@@ -11,31 +12,58 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 
-def prometheus_target(name, vmid, node, listen, target="", gang=""):
-    """One CT's entry of a file SD list: where Prometheus scrapes it (target, else the CT's name on
-    the port of listen) and who it is (ct, vmid, node, gang: from the inventory, never from the
-    CT). None for a CT that serves no metrics (listen empty)."""
+def prometheus_target(name, vmid, node, listen, target="", gang="", addresses=()):
+    """One CT's entry of a file SD list: where Prometheus scrapes it and who it is (ct, vmid, node,
+    gang: from the inventory, never from the CT). The address is never a name DNS answers for:
+    target (the inventory's metrics_target), else listen's address when it is an IP address other
+    than 0.0.0.0 or ::, else the first of addresses (the static ones Proxmox gives the CT's NICs, from its node's
+    pct config). None for a CT that serves no metrics (listen empty)."""
     if not listen:
         return None
+    import ipaddress
+
     from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
 
     try:
-        _host, port = split_listen(listen)
+        host, port = split_listen(listen)
     except ValueError as err:
         raise AnsibleFilterError(f"trainer_launch_metrics_listen of {name}: {err}") from None
-    address = target or f"{name}:{port}"
+    if not target:
+        try:
+            bound = ipaddress.ip_address(host)
+        except ValueError:  # a name: what it resolves to in the CT is not Prometheus's to know
+            bound = None
+        found = [str(bound)] if bound is not None and not bound.is_unspecified else list(addresses)
+        if not found:
+            raise AnsibleFilterError(
+                f"metrics_target of {name}: unset, and no address to scrape the CT at - its metrics listen on "
+                f"{listen} and its Proxmox configuration gives its NICs no static address (ip=dhcp); set "
+                "metrics_target to the HOST:PORT Prometheus reaches it at")
+        address = ipaddress.ip_address(found[0])
+        target = f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
     try:
-        split_listen(address)
+        split_listen(target)
     except ValueError as err:
         raise AnsibleFilterError(f"metrics_target of {name}: {err}") from None
     labels = {"ct": str(name), "vmid": str(vmid), "node": str(node)}
     if gang:
         labels["gang"] = str(gang)
-    return {"targets": [address], "labels": labels}
+    return {"targets": [target], "labels": labels}
+
+
+def webhook_key(secret, ct):
+    """The key CT ct signs its supervisor's webhook events with, derived from the team's secret
+    (module_utils/agent/webhook.py): only that CT is given it."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import webhook
+
+    if not isinstance(secret, str) or len(secret) < 16:
+        raise AnsibleFilterError("trainer_launch_supervise_webhook_secret: a secret of at least 16 characters "
+                                 "(from a vault) signs the CTs' webhook events")
+    return webhook.derived_key(secret, str(ct))
 
 
 class FilterModule:
-    """prometheus_target."""
+    """prometheus_target, webhook_key."""
 
     def filters(self):
-        return {"prometheus_target": prometheus_target}
+        return {"prometheus_target": prometheus_target, "webhook_key": webhook_key}

@@ -1,8 +1,9 @@
 # Copyright: dflash-lifecycle contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The filter of the Proxmox hook's install (module_utils/agent/hook.py and
-module_utils/node/installed_hookscript.py hold the rules). Its module_utils are imported when it
-runs, as filter/monitoring.py says why."""
+"""The filters of what the node says of a CT: the Proxmox hook's policy (module_utils/agent/hook.py
+and module_utils/node/installed_hookscript.py hold the rules), and the CT's configuration as
+``pct config`` prints it (module_utils/node/ct_config.py). Their module_utils are imported when they
+run, as filter/monitoring.py says why."""
 
 from __future__ import annotations
 
@@ -28,8 +29,19 @@ def pve_hook_policy(name, vmid, stop, lifecycle_dir, post_start_s, gang_margin_s
         raise AnsibleFilterError(f"pve_hook_policy of {name} (CT {vmid}): {err}") from None
 
 
+def pct_config(config_text):
+    """What the project reads of a CT's configuration, as its node's ``pct config`` prints it: the
+    node's word, never the CT's."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.node import ct_config
+
+    if not isinstance(config_text, str):
+        raise AnsibleFilterError(f"pct_config: the output of pct config, not {type(config_text).__name__}")
+    return {"hookscript": ct_config.value(config_text, "hookscript"), "unprivileged": ct_config.unprivileged(config_text),
+            "addresses": ct_config.static_addresses(config_text)}
+
+
 class FilterModule:
-    """pve_hook_policy."""
+    """pve_hook_policy, pct_config."""
 
     def filters(self):
-        return {"pve_hook_policy": pve_hook_policy}
+        return {"pve_hook_policy": pve_hook_policy, "pct_config": pct_config}

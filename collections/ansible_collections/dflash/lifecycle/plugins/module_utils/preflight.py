@@ -28,6 +28,33 @@ def count_gpus(nvidia_smi):
     return len(gpus), None if out.returncode == 0 else out.stderr.strip()
 
 
+def node_uid_of_root(uid_map="/proc/self/uid_map"):
+    """The node's uid that this CT's root is, by the CT's user namespace's map: 0 in a privileged
+    CT (it shares the node's own map, ``0 0 4294967295``), 100000 in Proxmox's default unprivileged
+    one; None when the map cannot be read."""
+    try:
+        with open(uid_map, encoding="ascii") as handle:
+            for line in handle:
+                inside, outside, count = (int(word) for word in line.split())
+                if inside <= 0 < inside + count:
+                    return outside - inside
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def privileged_check(refuse, check):
+    """Whether the CT is privileged (its root is the node's root: docs/security.md's threat model does
+    not hold there), as a check that fails when refuse."""
+    root = node_uid_of_root()
+    privileged = root == 0
+    check("unprivileged", not (privileged and refuse),
+          "a privileged CT: its root is the node's root" if privileged else
+          f"unprivileged: its root is uid {root} on the node" if root is not None else "its uid map cannot be read",
+          "trainer_preflight_privileged=refuse: run it in an unprivileged CT (docs/unprivileged.md)" if privileged else "")
+    return privileged
+
+
 def preflight(params, check_mode=False):
     """Every check with its outcome; the failures name the check and what was found."""
     checks = []
@@ -35,6 +62,7 @@ def preflight(params, check_mode=False):
     def check(name, ok, found, hint=""):
         checks.append({"check": name, "ok": bool(ok), "found": found, "hint": hint})
 
+    privileged = privileged_check(params.get("privileged") == "refuse", check)
     gpus, error = count_gpus(params["nvidia_smi"])
     needed = params.get("gpus_needed") or 0
     check("gpus_visible", gpus >= needed and not error,
@@ -76,7 +104,7 @@ def preflight(params, check_mode=False):
         stop_request_place(params["stop_request"]["path"], params["stop_request"]["run_dir"], check)
     torch = launcher_support(params["launcher"], check) if params.get("launcher") else None
     layout = checkpoint_layout(params, check)
-    return {"checks": checks, "gpu_count": gpus, "checkpoint": layout, "launcher": torch, "model_stage": staged,
+    return {"checks": checks, "privileged": privileged, "gpu_count": gpus, "checkpoint": layout, "launcher": torch, "model_stage": staged,
             "model_stage_needed": any(p["needed"] for p in staged or ()),
             "checkpoint_present": bool(layout and layout["newest"]),
             "failed_checks": [c for c in checks if not c["ok"]]}

@@ -13,6 +13,7 @@ description:
   - Run against the CT's node (C(delegate_to) the node). Transfers O(src) into a private
     temporary directory on the node (mode C(0700)), runs C(pct push) into the CT and removes the
     temporary copy in the same SSH session, whatever C(pct push) said.
+  - C(pct push) ends within O(timeout) seconds, whatever the CT holds at the target.
   - Three SSH sessions on the node and no Python there; C(ansible.builtin.copy) followed by a
     C(pct push) command and a clean-up task would start three modules.
   - C(pct push) can exit 0 without writing the file (pve-container's CLI has no upid exit handler
@@ -35,6 +36,12 @@ options:
     description: File mode in the CT (C(pct push --perms)).
     type: str
     default: "0600"
+  timeout:
+    description:
+      - Seconds the node gives C(pct push) (coreutils C(timeout), then C(KILL) 5 s later); past them the task
+        fails saying so. The CT owns the target's path - a FIFO planted there would hold C(pct push) for ever.
+    type: int
+    default: 300
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow

@@ -131,6 +131,12 @@ ours:
   description: CT mode - whether the CT's hookscript is this project's after the call.
   returned: when vmid is set
   type: bool
+privileged:
+  description: >-
+    CT mode - whether the CT is privileged (no C(unprivileged: 1) in its configuration): its root is the
+    node's root, and the hook's threat model (docs/security.md) does not hold there.
+  returned: when vmid is set
+  type: bool
 chained:
   description: Node mode - C({vmid - path}) of the scripts run first; CT mode - the chained volume.
   returned: always
@@ -142,7 +148,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript, installed_hookscript
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import ct_config, hookscript, installed_hookscript
 
 
 def _storage(module, storage):
@@ -265,8 +271,8 @@ def ct_mode(module, p):
     rc, out, err = module.run_command(["pct", "config", str(vmid)])
     if rc != 0:
         module.fail_json(msg=f"pct config {vmid} failed (exit {rc}): {err.strip()}; nothing was changed")
-    current = hookscript.current_hookscript(out)
-    result = {"volume": ours, "path": None, "chained": p["chain"]}
+    current = ct_config.value(out, "hookscript")
+    result = {"volume": ours, "path": None, "chained": p["chain"], "privileged": not ct_config.unprivileged(out)}
     if p["state"] == "absent":
         after = current
         if hookscript.is_ours(current):

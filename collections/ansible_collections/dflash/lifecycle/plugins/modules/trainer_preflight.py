@@ -42,6 +42,15 @@ options:
     description: Number of GPUs the CT must show (highest GPU id used plus one).
     type: int
     default: 0
+  privileged:
+    description:
+      - What a privileged CT (its root is the node's root) gets - V(warn) (the check passes, RV(privileged)
+        says so and the action plugin warns) or V(refuse) (the check fails before anything is touched).
+      - Read from the CT's own user namespace map, the CT's word - a privileged CT's root is root on the
+        node anyway; C(make status) shows what the node's configuration says.
+    type: str
+    choices: [warn, refuse]
+    default: warn
   min_free_gb:
     description: Free space needed at O(output_dir), in GiB.
     type: float
@@ -316,6 +325,12 @@ checks:
   returned: always
   type: list
   elements: dict
+privileged:
+  description: >-
+    Whether the CT is privileged - its root is the node's root, so nothing contains it (docs/security.md) -
+    by its user namespace's map.
+  returned: always
+  type: bool
 gpu_count:
   description: GPUs listed by C(nvidia-smi -L).
   returned: always
@@ -436,6 +451,7 @@ def main():
             "data_dir": {"type": "path", "required": True},
             "output_dir": {"type": "path", "required": True},
             "gpus_needed": {"type": "int", "default": 0},
+            "privileged": {"type": "str", "choices": ["warn", "refuse"], "default": "warn"},
             "min_free_gb": {"type": "float", "default": 10},
             **checkpoint_formats.ARGUMENT_SPEC,
             "nvidia_smi": {"type": "path", "default": "/usr/bin/nvidia-smi"},

@@ -12,7 +12,8 @@ can say of itself. Each launch and each post-start of the Proxmox hook make sure
 
 A scrape reads what the CT keeps - the run's spec (run.json), the supervisor's state, the history
 of its stops and redeploys (ct/history.py), the pidfile - and the log from where the last scrape
-left it: nothing is asked of the trainer, and between scrapes the process sleeps in accept(). The
+left it: nothing is asked of the trainer, and between scrapes the process sleeps in select(); no
+client holds it (agent/scrape_server.py: a deadline per request, a cap on connections). The
 checkpoint directory is listed at most once a minute. Labels name what the value is about (a cause,
 a state); who the CT is - its name, vmid, node and gang - comes from Prometheus's target labels
 (the inventory's file SD), never from the CT, so a CT cannot speak for another.
@@ -20,7 +21,6 @@ a state); who the CT is - its name, vmid, node and gang - comes from Prometheus'
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, supervision
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, scrape_server, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_files, checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, progress, run_spec, rundir
@@ -40,13 +40,14 @@ LOG = "metrics.log"
 # the first scrape of a log reads its end only; later ones what was written since
 TAIL_BYTES = 1 << 20
 CHECKPOINT_TTL_S = 60.0
-# a scrape's connection: a client in the CT's network that holds it open cannot hold the next one
-REQUEST_TIMEOUT_S = 10
 LOSS = re.compile(r"\bloss[\s:=]*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)", re.IGNORECASE)
 CAUSES = ("crash", "hang", "peer", "relaunch")
 # the supervisor's states (agent/supervision.py saves them in words), as a Prometheus state set
 STATES = ("watching", "backing_off", "relaunching", "relaunched", "stopping", "hung", "down", "stood_down",
           "finished", "gone")
+# every label the exporter serves: the shipped scrape job stores these and the target's alone
+# (monitoring/prometheus/prometheus.yml metric_relabel_configs)
+LABELS = ("release", "layout", "launcher", "state", "cause", "kind")
 ACTIVE = ("watching", "backing_off", "relaunching", "relaunched", "stopping", "hung")
 
 # name, type, help: every metric served, in the order served (docs/monitoring.md lists them)
@@ -323,28 +324,15 @@ def serve(directory):
     collector = Collector(directory)
     collector.render()  # every import a scrape needs, done now: agent.zip may be replaced later
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
-
-        def do_GET(self):
-            if self.path.split("?")[0] != "/metrics":
-                body, status, kind = b"dflash-lifecycle: the run's metrics are at /metrics\n", 404, "text/plain"
-            else:
-                body, status, kind = collector.render().encode(), 200, "text/plain; version=0.0.4; charset=utf-8"
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):  # a scrape every 15 s is no news
-            pass
-
-    class Server(http.server.HTTPServer):
-        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    def respond(method, path):
+        if method != "GET":
+            return 405, b"dflash-lifecycle: GET /metrics\n", "text/plain"
+        if path.split("?")[0] != "/metrics":
+            return 404, b"dflash-lifecycle: the run's metrics are at /metrics\n", "text/plain"
+        return 200, collector.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
 
     try:
-        server = Server((host, port), Handler)
+        listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     except OSError as err:
         sys.stderr.write(f"metrics: cannot listen on {listen}: {err}\n")
         return 1
@@ -352,7 +340,7 @@ def serve(directory):
     rundir.write_atomic(os.path.join(directory, PIDFILE),
                         f"{os.getpid()} {me.starttime} {listen} {_agent_stamp(directory)}\n", 0o644)
     signal.signal(signal.SIGTERM, _ended)
-    server.serve_forever(poll_interval=3600)
+    scrape_server.ScrapeServer(listener, respond).serve_forever()
     return 0
 
 

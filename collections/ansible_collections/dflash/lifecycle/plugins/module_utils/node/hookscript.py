@@ -61,15 +61,6 @@ def volume(storage, name=SCRIPT_NAME):
     return f"{storage}:snippets/{name}"
 
 
-def current_hookscript(config_text):
-    """The hookscript a CT's ``pct config`` names, or None."""
-    for line in config_text.splitlines():
-        key, value = (line.split(":", 1) + [""])[:2]
-        if key.strip() == "hookscript":
-            return value.strip() or None
-    return None
-
-
 def is_ours(volid):
     """Whether a CT's hookscript setting names this project's script (or its legacy one), on any storage."""
     return bool(volid and VOLUME_RE.match(volid) and volid.rsplit("/", 1)[-1] in (SCRIPT_NAME, LEGACY_SCRIPT_NAME))

@@ -172,6 +172,8 @@ def test_the_supervisors_state_counts_and_hang_timeout(lifecycle):
     assert one(found, "dflash_supervisor_ends_total", kind="hang") == 1
     # learned none yet: the policy's timeout on the gaps seen (3 x 2.5 s, at least the 10 s floor)
     assert one(found, "dflash_supervisor_hang_timeout_seconds") == 10
+    # every label served is one the shipped scrape job keeps (metrics.LABELS)
+    assert {key for _name, labels in found for key, _value in labels} == set(metrics.LABELS)
 
 
 @pytest.mark.parametrize("words, alive, name", [

@@ -12,7 +12,7 @@ import pytest
 
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import hook, launch_options, payload, rollback
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import run_spec
-from ansible_collections.dflash.lifecycle.plugins.module_utils.node import hookscript
+from ansible_collections.dflash.lifecycle.plugins.module_utils.node import ct_config, hookscript
 
 LOCAL = {"storage": "local", "type": "dir", "path": "/var/lib/vz", "content": "iso,vztmpl,backup,snippets"}
 OURS = "local:snippets/dflash-lifecycle-hook.py"
@@ -40,9 +40,18 @@ def test_a_storage_the_node_cannot_hold_the_script_in_is_refused_naming_the_vari
 def test_a_cts_hookscript_is_set_when_it_has_none_and_left_when_it_is_ours():
     assert hookscript.plan_ct(200, None, OURS, None) == (OURS, None)
     assert hookscript.plan_ct(200, OURS, OURS, None) == (None, None)
-    assert hookscript.current_hookscript("arch: amd64\nhookscript: local:snippets/x.pl\nmemory: 4096\n") == \
+    assert ct_config.value("arch: amd64\nhookscript: local:snippets/x.pl\nmemory: 4096\n", "hookscript") == \
         "local:snippets/x.pl"
-    assert hookscript.current_hookscript("arch: amd64\n") is None
+    assert ct_config.value("arch: amd64\n", "hookscript") is None
+
+
+def test_a_cts_configuration_says_whether_it_is_privileged_and_its_nics_static_addresses():
+    config = ("arch: amd64\nhostname: ct200\nnet1: name=eth1,bridge=vmbr1,ip=dhcp,ip6=fd00::7/64,type=veth\n"
+              "net0: name=eth0,bridge=vmbr0,gw=10.1.2.1,hwaddr=BC:24:11:00:00:01,ip=10.1.2.30/24,type=veth\n"
+              "unprivileged: 1\n")
+    assert ct_config.unprivileged(config) and not ct_config.unprivileged("arch: amd64\n")
+    assert ct_config.static_addresses(config) == ["10.1.2.30", "fd00::7"]
+    assert ct_config.static_addresses("net0: name=eth0,bridge=vmbr0,ip=dhcp,ip6=auto\n") == []
 
 
 def test_someone_elses_hookscript_is_refused_naming_it_unless_chained_to():
