@@ -16,7 +16,7 @@ PLUGINS = {"connection": ("pct",),
            "filter": ("dflash_argv", "dflash_gpus_needed", "dflash_launcher_env", "dflash_env_pairs",
                       "redeploy_summary", "redeploy_report", "gang_plan", "gang_launcher_options", "gang_barrier",
                       "gang_throughput", "gang_report", "gang_stop_report", "pct_config", "prometheus_target",
-                      "webhook_key"),
+                      "prometheus_target_rules", "webhook_key"),
            "lookup": ("lock_holder",), "inventory": ("pve_cluster",), "module": MODULES}
 
 

@@ -51,6 +51,31 @@ def prometheus_target(name, vmid, node, listen, target="", gang="", addresses=()
     return {"targets": [target], "labels": labels}
 
 
+RUNBOOKS = "https://github.com/dflash-lifecycle/dflash-lifecycle/blob/main/docs/runbooks.md"
+
+
+def _label_value(text):
+    """text as a PromQL string literal's content."""
+    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_target_rules(entries, job="dflash-trainers"):
+    """The rule file of a target list (prometheus_target's entries): DflashTargetMissing fires for each
+    CT of the list whose target Prometheus does not have - no `up` series for it in the job, from a
+    list written by hand, an older one, or one that lost its entry - naming the CT."""
+    cts = sorted(entry["labels"]["ct"] for entry in entries)
+    if not cts:
+        return {"groups": []}
+    expr = " or ".join(f'absent(up{{job="{_label_value(job)}",ct="{_label_value(ct)}"}})' for ct in cts)
+    return {"groups": [{"name": "dflash-targets", "rules": [{
+        "alert": "DflashTargetMissing", "expr": expr, "for": "5m", "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "Prometheus does not scrape {{ $labels.ct }}, a trainer CT of the inventory",
+            "description": "The target list that make metrics-targets wrote holds {{ $labels.ct }}, and Prometheus has no "
+                           "target for it: nothing of its run is watched, and no other alert of it can fire.",
+            "runbook_url": f"{RUNBOOKS}#dflashtargetmissing"}}]}]}
+
+
 def webhook_key(secret, ct):
     """The key CT ct signs its supervisor's webhook events with, derived from the team's secret
     (module_utils/agent/webhook.py): only that CT is given it."""
@@ -63,7 +88,8 @@ def webhook_key(secret, ct):
 
 
 class FilterModule:
-    """prometheus_target, webhook_key."""
+    """prometheus_target, prometheus_target_rules, webhook_key."""
 
     def filters(self):
-        return {"prometheus_target": prometheus_target, "webhook_key": webhook_key}
+        return {"prometheus_target": prometheus_target, "prometheus_target_rules": prometheus_target_rules,
+                "webhook_key": webhook_key}

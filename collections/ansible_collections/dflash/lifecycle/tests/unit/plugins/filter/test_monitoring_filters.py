@@ -49,3 +49,16 @@ def test_each_ct_gets_a_key_of_its_own_and_a_short_secret_is_refused_by_name():
     assert keys["ct200"] == hmac.new(secret.encode(), b"dflash-lifecycle webhook\0ct200", hashlib.sha256).hexdigest()
     with pytest.raises(AnsibleFilterError, match="^trainer_launch_supervise_webhook_secret: a secret of at least 16"):
         webhook_key("short", "ct200")
+
+
+def test_the_target_lists_rules_name_every_ct_it_holds():
+    rules = FilterModule().filters()["prometheus_target_rules"]
+    entries = [prometheus_target(ct, vmid, "pve1", "0.0.0.0:9733", addresses=[f"10.1.2.{vmid - 170}"])
+               for ct, vmid in (("ct201", 201), ("ct200", 200))]
+    (rule,) = rules(entries)["groups"][0]["rules"]
+    assert rule["alert"] == "DflashTargetMissing" and rule["labels"] == {"severity": "critical"}
+    assert rule["expr"] == 'absent(up{job="dflash-trainers",ct="ct200"}) or absent(up{job="dflash-trainers",ct="ct201"})'
+    assert rule["annotations"]["runbook_url"].endswith("docs/runbooks.md#dflashtargetmissing")
+    assert rules([]) == {"groups": []}
+    odd = dict(entries[0], labels=dict(entries[0]["labels"], ct='a"b\\c'))
+    assert 'ct="a\\"b\\\\c"' in rules([odd])["groups"][0]["rules"][0]["expr"]
