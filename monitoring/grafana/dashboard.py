@@ -19,11 +19,23 @@ from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSou
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dflash-runs.json")
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-# the CTs the dashboard shows (a multi-value variable, All by default)
-CTS = 'ct=~"$ct"'
-# a run is a gang, or a CT that runs alone: named by its gang, else by its CT
-RUN = (f'label_replace({{metric}}{{{{{CTS},gang=""}}}}, "gang", "$1", "ct", "(.+)") '
-       f'or {{metric}}{{{{{CTS},gang!=""}}}}')
+# the CTs the dashboard shows: the node and gang variables narrow the CT variable's choices, and every
+# query takes all three (multi-value, All by default; a CT of no gang has no gang label, which All's
+# ".*" matches)
+CTS = 'ct=~"$ct",node=~"$node",gang=~"$gang"'
+
+
+def by_run(expr):
+    """expr of the shown CTs' series (expr: a function of a selector's labels) with each series named
+    by its run: a gang's CTs by their gang, a CT that runs alone by its name (as its gang label)."""
+    alone, ganged = f'{{{CTS},gang=""}}', f'{{{CTS},gang!=""}}'
+    return f'label_replace({expr(alone)}, "gang", "$1", "ct", "(.+)") or {expr(ganged)}'
+
+
+def choice(name, label, values):
+    """A variable of the shown CTs' labels: several values, All (any, a missing label too) by default."""
+    return (dashboard.QueryVariable(name).label(label).datasource(DATASOURCE).query(values).multi(True)
+            .include_all(True).all_value(".*"))
 
 
 def query(expr, legend="{{ct}}", ref="A"):
@@ -49,16 +61,28 @@ def panels():
         figure("Down and wanted", "none",
                f"count((dflash_run_up{{{CTS}}} == 0) and (dflash_run_wanted_running{{{CTS}}} == 1)) or vector(0)",
                "CTs whose run is down though no one stopped it: the DflashRunDown alert after 10 minutes."),
-        figure("Steps lost at the last stops", "none", f"sum(dflash_last_stop_steps_lost{{{CTS}}})",
-               "The steps the last stop of each CT lost: logged, and in no checkpoint."),
-        figure("GPU idle of the last redeploys", "s", f"max(dflash_redeploy_gpu_idle_seconds{{{CTS}}})",
-               "The longest GPU idle of the CTs' last redeploys: from the stop's start to the new run's first progress line."),
+        figure("Steps lost in the time range", "none", f"sum(increase(dflash_steps_lost_total{{{CTS}}}[$__range]))",
+               "Steps logged and in no checkpoint that stops and crashes lost within the dashboard's time range."),
+        figure("GPU idle in the time range", "s", f"sum(increase(dflash_gpu_idle_seconds_total{{{CTS}}}[$__range]))",
+               "Seconds from a run going down to its next run's first progress line, over the CTs, within the time range."),
         series("Tokens per second, by run", "none",
-               query("max by (gang) ({})".format(RUN.format(metric="dflash_run_tokens_per_second")), "{{gang}}"),
+               query(f"max by (gang) ({by_run(lambda sel: 'dflash_run_tokens_per_second' + sel)})", "{{gang}}"),
                description="The last progress line's throughput of each run: a gang's, or a CT's that runs alone."),
         series("Tokens per second, by CT", "none", query(f"dflash_run_tokens_per_second{{{CTS}}}"),
                query(f"dflash_redeploy_tokens_per_second{{{CTS}}}", "{{ct}} at its last redeploy", "B"),
                description="Each CT's throughput, and the figure its last redeploy measured (the canary's after)."),
+        series("Tokens trained per second, over Prometheus's window", "none",
+               query(f"sum by (gang) ({by_run(lambda sel: f'rate(dflash_run_tokens_total{sel}[$__rate_interval])')})",
+                     "{{gang}}"),
+               description="The rate of each run's tokens counter: its throughput over the rate's window, not the "
+                           "trainer's own."),
+        series("Steps lost and GPU idle, by cause", "none",
+               query(f"sum by (cause) (increase(dflash_steps_lost_total{{{CTS}}}[$__rate_interval])) > 0",
+                     "steps lost: {{cause}}"),
+               query(f"sum by (cause) (increase(dflash_gpu_idle_seconds_total{{{CTS}}}[$__rate_interval])) > 0",
+                     "GPU idle s: {{cause}}", "B"),
+               description="What stops, crashes, hangs, redeploys and Proxmox stops cost: the steps logged and in no "
+                           "checkpoint, and the seconds until the next run's first progress line."),
         series("Steps per second", "none", query(f"deriv(dflash_run_step{{{CTS}}}[$__rate_interval]) > 0"),
                description="The step's rate of change: a run that resumes from a checkpoint goes back, and shows none."),
         series("Loss", "none", query(f"dflash_run_loss{{{CTS}}}"),
@@ -93,9 +117,9 @@ def build():
                           "(dflash-lifecycle, docs/monitoring.md).")
              .refresh("30s").time("now-6h", "now").tooltip(DashboardCursorSync.CROSSHAIR)
              .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
-             .with_variable(dashboard.QueryVariable("ct").label("CT").datasource(DATASOURCE)
-                            .query("label_values(dflash_run_up, ct)").multi(True).include_all(True)
-                            .all_value(".*"))
+             .with_variable(choice("node", "Node", "label_values(dflash_run_up, node)"))
+             .with_variable(choice("gang", "Gang", 'label_values(dflash_run_up{node=~"$node"}, gang)'))
+             .with_variable(choice("ct", "CT", 'label_values(dflash_run_up{node=~"$node",gang=~"$gang"}, ct)'))
              .annotation(dashboard.AnnotationQuery().name("Stops").datasource(DATASOURCE).enable(True)
                          .icon_color("orange").expr(f"changes(dflash_last_stop_timestamp_seconds{{{CTS}}}[2m]) > 0"))
              .annotation(dashboard.AnnotationQuery().name("Redeploys").datasource(DATASOURCE).enable(True)

@@ -57,14 +57,17 @@ class Prometheus:
         job = config["scrape_configs"][0]
         job.update(scrape_interval="1s", scrape_timeout="1s")
         job["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
-        rules = yaml.safe_load(open(RULES, encoding="utf-8"))
-        for group in rules["groups"]:
-            group["interval"] = "1s"
-            for rule in group["rules"]:
-                rule.pop("for", None)
-        rules_path = workdir / "rules.yml"
-        rules_path.write_text(yaml.safe_dump(rules))
-        config["rule_files"] = [str(rules_path)]
+        # the shipped rules and the target list's (make metrics-targets wrote them beside the list)
+        config["rule_files"] = []
+        for source in (RULES, targets.parent / "dflash-targets.rules.yml"):
+            rules = yaml.safe_load(open(source, encoding="utf-8"))
+            for group in rules["groups"]:
+                group["interval"] = "1s"
+                for rule in group["rules"]:
+                    rule.pop("for", None)
+            rules_path = workdir / f"rules-{len(config['rule_files'])}.yml"
+            rules_path.write_text(yaml.safe_dump(rules))
+            config["rule_files"].append(str(rules_path))
         config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = open(workdir / "prometheus.log", "w", encoding="utf-8")
@@ -138,9 +141,12 @@ def monitored(tmp_path_factory):
     cts = {host: {"pve_node": node, "ansible_pct_vmid": vmid, "testbed_net0": f"name=eth0,bridge=vmbr0,ip={address}/24"}
            for host, (node, vmid, address) in CTS.items()}
     cts["ct501"]["testbed_unprivileged"] = True
-    # a crash loop within seconds: the back-off from 1 s, left down after 2 restarts
+    # a crash loop within seconds: the back-off from 1 s, left down after 2 restarts; the model restaged
+    # into /dev/shm after the CT restart of test 12
     settings = {"trainer_launch_supervise_backoff_s": 1, "trainer_launch_supervise_crash_loop_restarts": 2,
-                "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_FAULT_FILE": FAULT}}
+                "dflash_env": {"PYTHONUNBUFFERED": "1", "DFLASH_TEST_FAULT_FILE": FAULT},
+                "trainer_model_stage": {"/dev/shm/models/target": "/workspace/models/target"},
+                "trainer_model_stage_reserve_gb": 0.05}
     inventory = make_testbed_inventory(str(root / "inventory"), STATE, {"mn1": f"{LOOPBACK}.1"}, cts, settings)
     bed = Bed(inventory)
     bed.bed.up_fresh()
@@ -152,6 +158,8 @@ def monitored(tmp_path_factory):
         seeded = bed.live.playbook("-i", inventory, os.path.join(REPO, "playbooks", "testbed_seed.yml"),
                                    "-e", "seed_hosts=dflash_trainers", check=False)
         assert seeded.returncode == 0, seeded.stdout[-4000:]
+        for host in CTS:  # the model's persistent copy, which a CT restart leaves
+            bed.sh(host, "mkdir -p /workspace/models && cp -a /dev/shm/models/target /workspace/models/target")
         bed.make("restart", "dflash_trainers")
         targets = root / "targets" / "dflash-trainers.json"
         bed.make("metrics-targets", "dflash_trainers", {"metrics_targets_path": str(targets)})
@@ -286,11 +294,12 @@ def test_7_a_crash_at_every_start_fires_the_crash_loop_and_run_down_alerts(monit
 
 def dashboard_queries():
     """Every query of the dashboard - its panels' targets and its annotations - as Prometheus takes
-    it: every CT chosen ($ct: All), Grafana's rate interval 1m."""
+    it: every node, gang and CT chosen (All), Grafana's rate interval 1m, a range of an hour."""
     board = json.load(open(DASHBOARD, encoding="utf-8"))
     found = [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel.get("targets", [])]
     found += [(f"annotation {a['name']}", a["expr"]) for a in board["annotations"]["list"]]
-    return [(title, expr.replace("$ct", ".*").replace("$__rate_interval", "1m")) for title, expr in found]
+    return [(title, expr.replace("$ct", ".*").replace("$node", ".*").replace("$gang", ".*").replace("$__rate_interval", "1m")
+             .replace("$__range", "1h")) for title, expr in found]
 
 
 def test_8_every_query_of_the_dashboard_returns_data(monitored):
@@ -389,3 +398,57 @@ def test_9_a_ct_that_serves_another_cts_labels_or_too_much_speaks_only_for_itsel
         'up{job="dflash-trainers"}') == {"ct500": 1, "ct501": 0})
     assert not prometheus.query('dflash_supervisor_state{ct="ct501",state=~"s[0-9]+"}')
     bed.sh("ct501", f"kill {server}")
+
+
+def test_10_no_ct_drops_out_of_the_target_list_and_one_missing_from_prometheus_is_alerted(monitored):
+    """make metrics-targets with HOST is refused and leaves the list whole; a list without ct501 (one
+    written by hand, or by a version that took HOST) fires DflashTargetMissing for it, from the rules
+    the whole list's run wrote; writing the list again ends it."""
+    bed, prometheus, targets = monitored
+    whole = targets.read_text()
+    refused = subprocess.run(["make", "metrics-targets", "HOST=ct501", f"INVENTORY={bed.inventory}",
+                              f"EXTRA=-e {shlex.quote(json.dumps({'metrics_targets_path': str(targets)}))}"],
+                             cwd=REPO, env=tool_env(), capture_output=True, text=True, check=False,
+                             stdin=subprocess.DEVNULL, timeout=600)
+    said = " ".join(refused.stdout.split())
+    assert refused.returncode != 0 and "make metrics-targets writes every trainer CT of the inventory" in said, said[-3000:]
+    assert "would drop ct500 from Prometheus" in said and targets.read_text() == whole
+    targets.write_text(json.dumps([entry for entry in json.loads(whole) if entry["labels"]["ct"] == "ct500"]))
+    prometheus.wait("DflashTargetMissing for ct501", lambda: prometheus.firing("DflashTargetMissing") == {"ct501"})
+    bed.make("metrics-targets", "dflash_trainers", {"metrics_targets_path": str(targets)})
+    prometheus.wait("ct501 a target again, nothing missing", lambda: "ct501" in prometheus.by_ct('up{job="dflash-trainers"}')
+                    and not prometheus.firing("DflashTargetMissing"))
+
+
+def test_11_a_killed_metrics_process_comes_back_by_itself_counted(monitored):
+    bed, prometheus, _targets = monitored
+    pid = bed.sh("ct500", "cut -d' ' -f1 /var/lib/dflash/lifecycle/metrics.pid").strip()
+    bed.sh("ct500", f"kill -KILL {pid}")
+    prometheus.wait("ct500's metrics process started again by its supervisor", lambda: prometheus.by_ct(
+        "dflash_metrics_restarts_total").get("ct500") == 1 and prometheus.by_ct('up{job="dflash-trainers"}').get("ct500") == 1)
+    assert bed.sh("ct500", "cut -d' ' -f1 /var/lib/dflash/lifecycle/metrics.pid").strip() != pid
+    status = " ".join(bed.make("status", "ct500").stdout.split())
+    assert "the supervisor started it again 1 time(s) since the launch" in status, status[-3000:]
+
+
+def test_12_the_totals_add_up_over_a_crash_a_hang_a_redeploy_and_a_proxmox_stop(monitored):
+    """ct500 crashed (test 3), hung (test 4) and was redeployed (test 5); now Proxmox shuts its CT down
+    and starts it (the hook set in test 2): the run comes back, and each way down has its GPU idle
+    counted under its cause, with its steps lost (none for the stops that saved)."""
+    bed, prometheus, _targets = monitored
+    before = prometheus.by_ct('dflash_gpu_idle_seconds_total{cause="proxmox"}').get("ct500")
+    started = prometheus.by_ct("dflash_run_start_time_seconds")["ct500"]
+    node, vmid = bed.cts["ct500"]
+    bed.live.ssh(node, f"pct shutdown {vmid}", check=True, timeout=300)
+    bed.live.ssh(node, f"pct start {vmid}", check=True, timeout=300)
+    prometheus.wait("ct500 back after Proxmox's stop, its idle counted", lambda: prometheus.by_ct(
+        "dflash_run_start_time_seconds").get("ct500", 0) > started and prometheus.by_ct(
+        'dflash_gpu_idle_seconds_total{cause="proxmox"}').get("ct500", 0) > (before or 0), 240)
+    idle = {cause: prometheus.by_ct(f'dflash_gpu_idle_seconds_total{{cause="{cause}"}}')["ct500"]
+            for cause in ("crash", "hang", "redeploy", "proxmox", "stop")}
+    assert all(idle[cause] > 0 for cause in ("crash", "hang", "redeploy", "proxmox")) and idle["stop"] == 0, idle
+    lost = {cause: prometheus.by_ct(f'dflash_steps_lost_total{{cause="{cause}"}}')["ct500"]
+            for cause in ("crash", "hang", "redeploy", "proxmox")}
+    # the hang's stop, the redeploy's and Proxmox's saved at SIGINT; the kill -9 lost what it ran past its checkpoint
+    assert lost["hang"] == lost["redeploy"] == lost["proxmox"] == 0 and lost["crash"] >= 0, lost
+    assert prometheus.by_ct("increase(dflash_run_tokens_total[5m])")["ct500"] > 0

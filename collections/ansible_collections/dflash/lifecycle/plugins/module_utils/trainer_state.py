@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process, policy
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_verdict, checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import (
     change_record, lock, proctable, progress, releases, run_spec, rundir)
@@ -90,6 +90,9 @@ def read(params, proc_root="/proc"):
     state["last_change"] = last_change(params.get("change_record"), os.path.dirname(params["pidfile"]))
     state["lifecycle"] = run_spec.summary(params["lifecycle_dir"]) if params.get("lifecycle_dir") else None
     state["supervisor"] = policy.words(params["lifecycle_dir"]) if params.get("lifecycle_dir") else None
+    state["metrics"] = metrics_process.words(params["lifecycle_dir"], int(
+        (policy.read_state(params["lifecycle_dir"]) or {}).get("metrics_restarts") or 0)) \
+        if params.get("lifecycle_dir") else None
     return state
 
 

@@ -291,6 +291,14 @@ options:
         stop that ends as asked records there that the run is wanted stopped, so the CT's Proxmox
         hook does not relaunch it when the CT starts again. Unset, nothing is recorded.
     type: path
+  cause:
+    description:
+      - What the CT's history counts this stop's steps lost, and the GPUs' idle until the next run's first
+        progress line, under (C(dflash_steps_lost_total), C(dflash_gpu_idle_seconds_total)) - V(stop), a
+        job's stop (C(make stop), a rollback's), or V(redeploy), a redeploy's.
+    type: str
+    choices: [stop, redeploy]
+    default: stop
 extends_documentation_fragment:
   - dflash.lifecycle.checkpoint_format
   - dflash.lifecycle.redeploy_lease

@@ -211,6 +211,14 @@ supervisor:
   sample: "watching trainer PID 812 (supervisor PID 790), a hang after 300.0 s without progress; 1 restarts
     since the launch; ends: 2026-12-05 20:31:02 UTC crash: the trainer killed by SIGKILL, checkpoint
     /workspace/ckpt/step_2000 -> trainer PID 812 healthy, resumed from /workspace/ckpt/step_2000"
+metrics:
+  description: >-
+    The run's metrics process (O(lifecycle_dir), docs/monitoring.md) in one line - where it serves and its
+    PID, or NOT SERVED when its process is gone, and how often the supervisor started it again since the
+    launch; null for a run that serves no metrics.
+  returned: always
+  type: str
+  sample: "served on 0.0.0.0:9733 by PID 611; the supervisor started it again 1 time(s) since the launch"
 found:
   description: How the trainer was found, and why a pidfile was rejected.
   returned: always

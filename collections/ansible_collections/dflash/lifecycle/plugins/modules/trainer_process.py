@@ -351,6 +351,7 @@ options:
         stops, so a run stopped on purpose reads as down and wanted stopped.
       - Only counts, figures and the release, layout and launcher's names are served, never a setting.
         Who the CT is comes from Prometheus's target labels (C(make metrics-targets)).
+      - The run's supervisor starts the process again when it dies, and counts it.
       - docs/monitoring.md lists every metric, the scrape configuration and the alert rules.
     type: dict
     suboptions:
@@ -368,6 +369,13 @@ options:
           - The steps past the newest complete checkpoint that a crash may lose before it is alerted on,
             served as C(dflash_checkpoint_exposed_steps_limit).
         type: int
+      gpu_roles:
+        description:
+          - The GPUs of each role of the run (V(target), V(drafter)) by their index, served with the UUIDs
+            nvidia-smi gave the launch's wait for free GPUs as C(dflash_run_gpu_info), which joins the run
+            with DCGM's metrics of those GPUs.
+        type: dict
+        default: {}
   activate:
     description:
       - Point C(current) at a release just before the start, after the refusal checks. Check mode

@@ -144,7 +144,7 @@ def pre_stop(directory, moment=None, phase="pre-stop"):
         pass
     lease = None if went_on else (ct_lock, PRE_STOP_HOLDER, LEASE_SECONDS)
     began = time.time()
-    result = staged_stop.run_in_module(options, lease=lease, record_dir=directory)
+    result = staged_stop.run_in_module(options, lease=lease, record_dir=directory, cause="proxmox")
     checkpoint = result.get("checkpoint") or {}
     kept = checkpoint.get("new") or checkpoint.get("newest")
     loss = result.get("loss") or {}
@@ -283,10 +283,10 @@ def post_start(directory):
     if spec is None:
         say("post-start", "no run launched by dflash.lifecycle in this CT: nothing to relaunch")
         return 0
-    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process
 
     history.record_post_start(directory)
-    metrics.ensure(directory, wait_s=0)  # the run's metrics, wanted or not (Proxmox's start waits for us)
+    metrics_process.ensure(directory, wait_s=0)  # the run's metrics, wanted or not (Proxmox's start waits for us)
     if spec.get("wanted") != "running":
         say("post-start", _stays_stopped(spec))
         return 0

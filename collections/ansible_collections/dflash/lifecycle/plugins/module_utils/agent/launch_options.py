@@ -90,6 +90,7 @@ ARGUMENT_SPEC = {
         "listen": {"type": "str", "required": True},
         "canary_threshold_pct": {"type": "float"},
         "exposed_steps_limit": {"type": "int"},
+        "gpu_roles": {"type": "dict", "default": {}},
     }},
     "lifecycle": {"type": "dict", "options": {
         "dir": {"type": "path"},

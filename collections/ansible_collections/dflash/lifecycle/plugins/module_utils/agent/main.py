@@ -28,9 +28,9 @@ def launch(params, check_mode, warn, lease=None, unlock=False):
         return transaction.run(params, check_mode, warn, lease, unlock, after=supervise.taking_over(params))
     finally:
         if directory and not check_mode:  # the run's metrics, whatever became of the launch
-            from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics
+            from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process
 
-            problem = metrics.ensure(directory)
+            problem = metrics_process.ensure(directory)
             if problem:
                 warn(problem)
 

@@ -29,14 +29,12 @@ import socket
 import sys
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, scrape_server, supervision
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process, policy, scrape_server, supervision
 from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.launch_options import split_listen
 from ansible_collections.dflash.lifecycle.plugins.module_utils.checkpoint import checkpoint_files, checkpoints
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, progress, run_spec, rundir
 from ansible_collections.dflash.lifecycle.plugins.module_utils.launch import launchers
 
-PIDFILE = "metrics.pid"
-LOG = "metrics.log"
 # the first scrape of a log reads its end only; later ones what was written since
 TAIL_BYTES = 1 << 20
 CHECKPOINT_TTL_S = 60.0
@@ -47,7 +45,12 @@ STATES = ("watching", "backing_off", "relaunching", "relaunched", "stopping", "h
           "finished", "gone")
 # every label the exporter serves: the shipped scrape job stores these and the target's alone
 # (monitoring/prometheus/prometheus.yml metric_relabel_configs)
-LABELS = ("release", "layout", "launcher", "state", "cause", "kind")
+LABELS = ("release", "layout", "launcher", "state", "cause", "kind", "gpu", "uuid", "role")
+# the tokens are the trainer's throughput integrated between scrapes: at most this many seconds of it
+# between two (a process started again, a scrape missed), and only while its last progress line is
+# younger than the supervisor's hang timeout (else TOKENS_FRESH_S): a hung run trains no tokens
+TOKENS_STEP_MAX_S = 60.0
+TOKENS_FRESH_S = 300.0
 ACTIVE = ("watching", "backing_off", "relaunching", "relaunched", "stopping", "hung")
 
 # name, type, help: every metric served, in the order served (docs/monitoring.md lists them)
@@ -61,6 +64,9 @@ METRICS = (
     ("dflash_run_step", "gauge", "The step of the last progress line."),
     ("dflash_run_tokens_per_second", "gauge", "The throughput of the last progress line."),
     ("dflash_run_loss", "gauge", "The loss of the last progress line, where it has one."),
+    ("dflash_run_tokens_total", "counter",
+     "Tokens the run trained: its throughput integrated over time at each scrape, while it logs progress (kept across launches)."),
+    ("dflash_run_gpu_info", "gauge", "The GPUs the run was launched on (value 1), by index, nvidia-smi's UUID and role."),
     ("dflash_run_last_progress_timestamp_seconds", "gauge",
      "When the log was last written with a progress line in it (the age: time() minus this)."),
     ("dflash_checkpoint_newest_step", "gauge", "The step of the newest complete checkpoint."),
@@ -90,12 +96,12 @@ METRICS = (
     ("dflash_pve_hook_present", "gauge",
      "1 when the Proxmox hook was set on the CT since its start, or ran at its start; 0: a stop of the CT loses the checkpoint."),
     ("dflash_ct_start_time_seconds", "gauge", "When the CT started (its init)."),
+    ("dflash_steps_lost_total", "counter",
+     "Steps logged and in no checkpoint, lost by stops and crashes, by cause (kept across launches and CT restarts)."),
+    ("dflash_gpu_idle_seconds_total", "counter",
+     "Seconds from the run going down to the next run's first progress line, by why it went down (kept across launches)."),
+    ("dflash_metrics_restarts_total", "counter", "Starts of the metrics process by the run's supervisor since the job's launch."),
 )
-
-
-def listen_of(spec):
-    """The address the run's spec asks the metrics to be served on, or None."""
-    return ((spec or {}).get("launch", {}).get("metrics") or {}).get("listen") or None
 
 
 class LogFollower:
@@ -145,6 +151,7 @@ class Collector:
         self.log = LogFollower()
         self.checkpoints = (None, 0.0, None, False, {})  # (key, when listed, directory mtime, a save under way, facts)
         self.trainer = (None, {})  # ((pid, starttime), {launcher, started})
+        self.tokens = history.read_tokens(directory)  # (tokens, when last added to)
 
     def _checkpoint_facts(self, launch, now):
         """The newest complete checkpoint's step and age, and the interval. Listed again when the
@@ -217,6 +224,7 @@ class Collector:
             add("dflash_run_last_progress_timestamp_seconds", log.at)
             if log.step is not None and found.get("step") is not None:
                 add("dflash_run_steps_since_checkpoint", max(0, log.step - found["step"]))
+            add("dflash_run_tokens_total", self._tokens(now, log if trainer is not None else None))
         add("dflash_checkpoint_newest_step", found.get("step"))
         add("dflash_checkpoint_newest_timestamp_seconds", found.get("mtime"))
         add("dflash_checkpoint_interval_steps", found.get("interval"))
@@ -232,9 +240,17 @@ class Collector:
         add("dflash_redeploys_total", int(redeploys.get("count") or 0))
         add("dflash_redeploy_timestamp_seconds", redeploys.get("at"))
         add("dflash_redeploy_gpu_idle_seconds", redeploys.get("gpu_idle_s"))
-        add("dflash_redeploy_tokens_per_second", (rundir.read_launch_record(launch["pidfile"]) or {}).get("tokens_per_s")
-            if launch.get("pidfile") else None)
+        launched = (rundir.read_launch_record(launch["pidfile"]) or {}) if launch.get("pidfile") else {}
+        add("dflash_redeploy_tokens_per_second", launched.get("tokens_per_s"))
         given = launch.get("metrics") or {}
+        uuids = launched.get("gpu_uuids") or {}
+        for role, gpus in sorted((given.get("gpu_roles") or {}).items()):
+            for gpu in gpus:
+                add("dflash_run_gpu_info", 1, gpu=str(gpu), uuid=str(uuids.get(str(gpu)) or ""), role=str(role))
+        totals = record.get("totals") or {}
+        for cause in history.CAUSES:
+            add("dflash_steps_lost_total", float((totals.get("steps_lost") or {}).get(cause) or 0), cause=cause)
+            add("dflash_gpu_idle_seconds_total", float((totals.get("gpu_idle_s") or {}).get(cause) or 0), cause=cause)
         add("dflash_checkpoint_exposed_steps_limit", given.get("exposed_steps_limit"))
         threshold = given.get("canary_threshold_pct")
         add("dflash_canary_threshold_ratio", None if threshold is None else float(threshold) / 100.0)
@@ -259,10 +275,23 @@ class Collector:
         ends = state.get("ends_by_kind") or {}
         for kind in CAUSES:
             add("dflash_supervisor_ends_total", int(ends.get(kind) or 0), kind=kind)
+        add("dflash_metrics_restarts_total", int(state.get("metrics_restarts") or 0))
         learned, rules = state.get("learned") or {}, policy.policy_of(launch)
         # what the supervisor takes for a hang now: before its first beats, the run's start-up bound
         add("dflash_supervisor_hang_timeout_seconds", learned.get("timeout_s") or (
             policy.hang_timeout(rules, learned.get("gaps"), float(launch.get("health_timeout") or 300)) if rules else None))
+
+    def _tokens(self, now, log):
+        """The run's tokens so far, with its throughput since the last scrape added while it logs
+        progress (log: None while no trainer runs); kept in the lifecycle directory."""
+        tokens, at = self.tokens
+        learned = (policy.read_state(self.directory) or {}).get("learned") or {}
+        fresh = learned.get("timeout_s") or TOKENS_FRESH_S
+        if log is not None and log.figure is not None and log.at is not None and now - log.at < fresh and at:
+            tokens += log.figure * min(max(0.0, now - at), TOKENS_STEP_MAX_S)
+            history.write_tokens(self.directory, tokens, now)
+        self.tokens = (tokens, now)
+        return tokens
 
     def render(self, now=None):
         return render(self.samples(now))
@@ -316,7 +345,7 @@ def render(samples):
 def serve(directory):
     """The exporter's loop (``agent.zip metrics``): bind the spec's address, keep the pidfile, serve
     until a signal ends it. Returns the exit status (1: nothing to serve, or the address is taken)."""
-    listen = listen_of(run_spec.read(directory))
+    listen = metrics_process.listen_of(run_spec.read(directory))
     if not listen:
         sys.stderr.write("metrics: the run's spec names no metrics.listen: nothing to serve\n")
         return 1
@@ -337,8 +366,8 @@ def serve(directory):
         sys.stderr.write(f"metrics: cannot listen on {listen}: {err}\n")
         return 1
     me = proctable.read_process(os.getpid())
-    rundir.write_atomic(os.path.join(directory, PIDFILE),
-                        f"{os.getpid()} {me.starttime} {listen} {_agent_stamp(directory)}\n", 0o644)
+    rundir.write_atomic(os.path.join(directory, metrics_process.PIDFILE),
+                        f"{os.getpid()} {me.starttime} {listen} {metrics_process.agent_stamp(directory)}\n", 0o644)
     signal.signal(signal.SIGTERM, _ended)
     scrape_server.ScrapeServer(listener, respond).serve_forever()
     return 0
@@ -346,73 +375,3 @@ def serve(directory):
 
 def _ended(*_args):
     raise SystemExit(0)  # an ordinary exit on SIGTERM: the listening socket closed
-
-
-def _agent_stamp(directory):
-    """agent.zip's identity: an exporter that runs older code is replaced."""
-    try:
-        st = os.stat(os.path.join(directory, "agent.zip"))
-    except OSError:
-        return "-"
-    return f"{st.st_ino}-{st.st_mtime_ns}"
-
-
-def running(directory):
-    """(pid, starttime, listen, agent stamp) of the exporter that serves, or None."""
-    try:
-        with open(os.path.join(directory, PIDFILE), encoding="utf-8") as handle:
-            fields = handle.read().split()
-        pid, start = int(fields[0]), int(fields[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    if len(fields) < 4 or not proctable.alive((pid, start)):
-        return None
-    return pid, start, fields[2], fields[3]
-
-
-def ensure(directory, wait_s=3.0):
-    """Make sure an exporter serves the address the run's spec names, with the code of its agent.zip:
-    start one (waiting up to wait_s for it to listen), or replace one that serves another address or
-    older code; end one no address is asked of. Returns what stands in the way, in words, or None.
-    Never raises OSError."""
-    try:
-        listen = listen_of(run_spec.read(directory))
-    except (OSError, ValueError, run_spec.UnsafePath) as err:
-        return f"the metrics: the run's spec cannot be read: {err}"
-    found = running(directory)
-    if found is not None and found[2] == listen and found[3] == _agent_stamp(directory):
-        return None
-    if found is not None:
-        try:
-            os.kill(found[0], signal.SIGTERM)
-        except OSError:
-            pass
-        deadline = time.monotonic() + 5
-        while proctable.alive(found[:2]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    if listen and os.path.exists(os.path.join(directory, "agent.zip")):
-        try:
-            from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import payload
-
-            # no inherited environment: it never carries the run's id, so no stop takes it for the run's
-            payload.run_detached(directory, "metrics", LOG, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
-        except OSError as err:
-            return f"the metrics on {listen} could not be started: {err}"
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if running(directory) is not None:
-                return None
-            time.sleep(0.05)
-        if wait_s:
-            return f"the metrics on {listen} are not served: {_last_line(os.path.join(directory, LOG))}"
-    return None
-
-
-def _last_line(path):
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(path) - 4096))
-            lines = handle.read().decode("utf-8", "replace").strip().splitlines()
-    except OSError:
-        lines = []
-    return lines[-1] if lines else f"no word from it in {path}"

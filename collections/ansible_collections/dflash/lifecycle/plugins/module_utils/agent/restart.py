@@ -40,7 +40,7 @@ def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer
     collectives that will not return), by the run's own stop options with the grace of its cadence
     and no checkpoint required, then restarted from the newest complete checkpoint."""
     sup.save(state=f"stopping ({kind})")
-    result = stop(sup, hang.hang_grace(watch.gaps))
+    result = stop(sup, hang.hang_grace(watch.gaps), cause=kind)
     deliberate = supervision.deliberate(sup, since)
     if deliberate:
         sup.save(state="stood down", why=deliberate)
@@ -57,11 +57,12 @@ def stop_and_restart(sup, watch, cause, since, diagnostics_path=None, kind="peer
     return restart(sup, end)
 
 
-def stop(sup, grace=None):
+def stop(sup, grace=None, cause="crash"):
     """The staged stop of a `make stop`, under the CT's lock, not marking the run stopped; with
     grace (a hang's), every stage but the last and the stop request's acknowledgement wait at most
     grace, and a stop with no new checkpoint, or no graceful stage, goes on: the run resumes from its
-    newest complete checkpoint."""
+    newest complete checkpoint. cause: what the CT's history counts it under (a hang, a gang
+    member's end; a relaunch that failed and still runs: a crash)."""
     from ansible_collections.dflash.lifecycle.plugins.module_utils.stop import staged_stop, stop_options
 
     try:
@@ -75,7 +76,7 @@ def stop(sup, grace=None):
     if isinstance(lease, str):
         return {"failed": True, "msg": f"not stopped: {lease} holds the CT"}
     try:
-        return staged_stop.run_in_module(options, lease=lease, record_dir=sup.directory)
+        return staged_stop.run_in_module(options, lease=lease, record_dir=sup.directory, cause=cause)
     finally:
         supervision.give_lock(sup)
 

@@ -100,9 +100,11 @@ def start(params, check_mode, done):
         raise LaunchFailed(f"pidfile: {err}", **done) from None
     if wanted:
         releases.record_launch(wanted["base"], wanted["release"])
+    # the GPUs' UUIDs as nvidia-smi gave them to the wait for free GPUs: what DCGM's metrics name them by
     rundir.write_launch_record(params["pidfile"], dict(
         {key: result[key] for key in ("pid", "run_id", "step", "first_progress_s", "healthy_after_s")},
-        tokens_per_s=(result["throughput"] or {}).get("tokens_per_s"), release=(wanted or {}).get("release")))
+        tokens_per_s=(result["throughput"] or {}).get("tokens_per_s"), release=(wanted or {}).get("release"),
+        gpu_uuids={str(index): uuid for index, uuid in ((done.get("gpu_wait") or {}).get("uuids") or {}).items()}))
     lifecycle = params.get("lifecycle") or {}
     if lifecycle.get("dir"):
         # what the CT's Proxmox hook needs to stop this run and bring it back (module_utils/agent/hook.py)

@@ -48,9 +48,9 @@ import os
 import sys
 import time
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import policy, restart, rounds, supervision
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch, newest_checkpoint, save_under_way
-from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import proctable, run_spec
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process, policy, restart, rounds, supervision
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.watch import Watch, newest_checkpoint_entry, save_under_way
+from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, proctable, run_spec
 
 
 def take_over(directory, pidfile):
@@ -75,6 +75,39 @@ def taking_over(params):
     if not directory or not params.get("supervise"):
         return None
     return lambda result: take_over(directory, params["pidfile"])
+
+
+# the metrics process, looked at this often while the run is watched; one that dies again within the
+# back-off is started again only after it (a port someone took, a broken agent: no start every tick)
+METRICS_EVERY_S = 5.0
+METRICS_BACKOFF_S = 60.0
+
+
+class MetricsKeeper:
+    """The run's metrics process kept alive as the run is (docs/monitoring.md): started again when it
+    is gone, counted in the supervisor's state (``metrics_restarts``) and said in its log."""
+
+    def __init__(self, sup):
+        self.sup = sup
+        self.listen = metrics_process.listen_of(sup.spec)
+        self.next_at = self.restarted_at = float("-inf")
+
+    def tick(self, now):
+        if not self.listen or now < self.next_at:
+            return
+        self.next_at = now + METRICS_EVERY_S
+        if metrics_process.running(self.sup.directory) is not None:
+            return
+        if now - self.restarted_at < METRICS_BACKOFF_S:
+            self.next_at = self.restarted_at + METRICS_BACKOFF_S
+            if now < self.next_at:
+                return
+        problem = metrics_process.ensure(self.sup.directory, wait_s=0)
+        self.restarted_at = now
+        count = int(self.sup.state.get("metrics_restarts") or 0) + 1
+        self.sup.save(metrics_restarts=count)
+        self.sup.say(f"the metrics process on {self.listen} was gone: started again ({count} since the launch)"
+                     + (f": {problem}" if problem else ""))
 
 
 def supervise(directory, agent):
@@ -107,11 +140,13 @@ def supervise(directory, agent):
         return 1
     saved_timeout = None
     nap = supervision.exit_waiter(pid)
+    metrics = MetricsKeeper(sup)
     while True:
         status = supervision.reap(pid)
         now = time.time()
         if status is not None:
             return ended(sup, watch, policy.exit_words(status), since)
+        metrics.tick(now)
         asked = run_spec.stood_down(directory, since)
         if watch.beat(now) and watch.gaps and policy.hang_timeout(sup.policy, watch.gaps, startup) != saved_timeout:
             saved_timeout = policy.hang_timeout(sup.policy, watch.gaps, startup)  # kept when it changes: rarely
@@ -157,8 +192,13 @@ def ended(sup, watch, how, since):
     # ConnectionResetError when its parent vanished), never the crash's cause
     traceback = [] if facts["signal"] == "SIGKILL" else progress.traceback_in(watch.log_tail()) or []
     cause = f"crash: the trainer {words}" + (f" ({traceback[-1].strip()})" if traceback else "")
+    checkpoint = newest_checkpoint_entry(sup.launch)
+    # the steps of its last progress line past its newest checkpoint: the steps it ran after that line
+    # are in no log
+    lost = watch.last_step - checkpoint[1] if checkpoint and watch.last_step is not None else None
     end = {"cause": cause, "exit": facts, "traceback": traceback[-12:], "step": watch.last_step,
-           "checkpoint": newest_checkpoint(sup.launch), "at": time.time(), "kind": "crash"}
+           "checkpoint": checkpoint[0] if checkpoint else None, "steps_lost": lost, "at": time.time(), "kind": "crash"}
+    history.record_crash(sup.directory, lost, end["at"])
     left = end_leftovers(sup)
     if left:
         end["leftovers"] = left

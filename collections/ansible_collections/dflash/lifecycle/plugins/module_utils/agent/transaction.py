@@ -160,8 +160,8 @@ def _steps(params, exclude, phase):
         result = start.start(params, False, done)
         if params["gang_health"]:
             _gang_launched(params, result)
-        if directory and done.get("stop"):
-            history.record_redeploy(directory, done["stop"], result)
+        if directory:
+            history.record_launch(directory, done.get("stop"), result)
         return result
     except LaunchFailed as err:
         if not params["rollback_on_failure"]:
@@ -222,7 +222,7 @@ def _stop_first(params, exclude):
         raise LaunchFailed(f"{err}; nothing was stopped or started") from None
     options.detach = False  # this worker is detached already
     options.exclude_pids.update(exclude)
-    result = staged_stop.run_in_module(options)
+    result = staged_stop.run_in_module(options, cause="redeploy")
     if result.get("failed"):
         raise LaunchFailed(f"the stop failed, nothing was started: {result.get('msg')}", stop=result)
     return result

@@ -128,15 +128,21 @@ class Watch:
         return self.progress.read_lines(self.log or self.launch["log_file"], max_bytes=TAIL_BYTES)
 
 
-def newest_checkpoint(launch):
-    """The newest complete checkpoint of the run by its layout (the launch's own rule), or None; a
-    directory that cannot be read names none rather than ending the supervisor."""
+def newest_checkpoint_entry(launch):
+    """(path, step) of the newest complete checkpoint of the run by its layout (the launch's own
+    rule), or None; a directory that cannot be read names none rather than ending the supervisor."""
     if not launch.get("checkpoint_dir"):
         return None
     try:
-        return checkpoints.newest_complete(launch)
+        return checkpoints.newest_complete_entry(launch)
     except (OSError, ValueError):
         return None
+
+
+def newest_checkpoint(launch):
+    """The path of the run's newest complete checkpoint, or None."""
+    entry = newest_checkpoint_entry(launch)
+    return entry[0] if entry else None
 
 
 def save_under_way(launch):

@@ -356,8 +356,14 @@ def move_words(moved):
                      f"({'; '.join(m['problems'])})" for m in moved)
 
 
-def newest_complete(params):
-    """The newest complete checkpoint of a run's launch options (checkpoint_dir, checkpoint_format,
-    checkpoint_custom), as this CT sees it now, or None."""
+def newest_complete_entry(params):
+    """(path, step) of the newest complete checkpoint of a run's launch options (checkpoint_dir,
+    checkpoint_format, checkpoint_custom), as this CT sees it now, or None."""
     done = Directory(params["checkpoint_dir"], params["checkpoint_format"], params.get("checkpoint_custom")).complete()
-    return os.path.join(params["checkpoint_dir"], done[-1][0]) if done else None
+    return (os.path.join(params["checkpoint_dir"], done[-1][0]), done[-1][1]["step"]) if done else None
+
+
+def newest_complete(params):
+    """The path of the newest complete checkpoint of a run's launch options, or None."""
+    entry = newest_complete_entry(params)
+    return entry[0] if entry else None

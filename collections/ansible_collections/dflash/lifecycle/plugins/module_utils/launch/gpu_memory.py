@@ -132,7 +132,7 @@ def wait_free(wanted, threshold_mib, timeout, read=None, holders=None, report=No
     """Wait until every wanted GPU uses at most threshold_mib, for at most timeout seconds.
     A CT process holding a device file the run needs is refused at once (a live process of
     another run does not free its memory by being waited for). Returns {waited_s, gpus: {index:
-    used_mib}, held_at_start}; GpusBusy naming each GPU, its memory and its holders."""
+    used_mib}, uuids: {index: uuid}, held_at_start}; GpusBusy naming each GPU, its memory and its holders."""
     read = read or (lambda: {})
     holders = holders or (lambda: {})
     began = clock()
@@ -154,7 +154,8 @@ def wait_free(wanted, threshold_mib, timeout, read=None, holders=None, report=No
             held_at_start = words or None
         if not words:
             return {"waited_s": round(waited, 2), "held_at_start": held_at_start,
-                    "gpus": {index: gpus[index]["used_mib"] for index in wanted}}
+                    "gpus": {index: gpus[index]["used_mib"] for index in wanted},
+                    "uuids": {index: gpus[index]["uuid"] for index in wanted}}
         if waited >= timeout:
             raise GpusBusy(f"GPUs not free after {waited:.1f}s (bound {timeout}s), nothing was "
                            f"started: {words}", waited_s=round(waited, 2), busy=busy, holders=held)

@@ -132,12 +132,13 @@ def run(options, proc_root="/proc", check_mode=False):
         result["duration_s"] = round(time.monotonic() - started, 3)
 
 
-def run_in_module(options, check_mode=False, lease=None, record_dir=None):
+def run_in_module(options, check_mode=False, lease=None, record_dir=None, cause=None):
     """The stop of a module call (staged_stop's, or the launch's stop_first): detached inside the
     CT when options.detach says so, so that a dropped connection does not stop it, its lease
     (the job's lock: path, holder, ttl) kept alive while it runs. Its figures go to the CT's
-    history (ct/history.py) in record_dir, else options.lifecycle_dir. Returns the result; a stop
-    that did not end as asked has failed: True in it."""
+    history (ct/history.py) in record_dir, else options.lifecycle_dir, counted under cause (else
+    options.cause: a job's). Returns the result; a stop that did not end as asked has failed: True
+    in it."""
     def stop():
         asked = options.lifecycle_dir and not check_mode
         notes = []
@@ -155,7 +156,7 @@ def run_in_module(options, check_mode=False, lease=None, record_dir=None):
         if notes:
             result.setdefault("notes", []).extend(notes)
         if not check_mode:
-            history.record_stop(record_dir or options.lifecycle_dir, result)
+            history.record_stop(record_dir or options.lifecycle_dir, result, cause or options.cause)
         if asked and result.get("failed") and trainer_finding.running(options.pidfile, options.pattern) is not None:
             run_spec.stand_down_cleared(options.lifecycle_dir)  # it still runs: the supervisor watches it again
         if asked and not result.get("failed"):

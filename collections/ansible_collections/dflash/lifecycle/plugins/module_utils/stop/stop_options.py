@@ -69,6 +69,8 @@ ARGUMENT_SPEC = {
     "detach_dir": {"type": "path", "default": "/run/dflash"},
     "progress_file": {"type": "path"},
     "lifecycle_dir": {"type": "path"},
+    # what the CT's history counts this stop's loss and the GPUs' idle under (ct/history.py CAUSES)
+    "cause": {"type": "str", "choices": ["stop", "redeploy"], "default": "stop"},
 }
 
 

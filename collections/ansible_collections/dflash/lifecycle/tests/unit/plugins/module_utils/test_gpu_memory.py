@@ -85,7 +85,7 @@ def test_waits_until_the_memory_is_freed_then_goes_on():
 def test_free_gpus_do_not_wait():
     clock = Clock()
     done = gpu_memory.wait_free([0], 1024, 60, read=lambda: {0: gpu(0, 3)}, clock=clock, sleep=clock.sleep)
-    assert done == {"waited_s": 0.0, "held_at_start": None, "gpus": {0: 3}}
+    assert done == {"waited_s": 0.0, "held_at_start": None, "gpus": {0: 3}, "uuids": {0: "GPU-0"}}
 
 
 def test_memory_never_freed_fails_at_the_bound_naming_gpu_memory_and_holders():

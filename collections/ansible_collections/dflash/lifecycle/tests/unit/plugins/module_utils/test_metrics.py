@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, metrics
+from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import launch_options, metrics, metrics_process
 from ansible_collections.dflash.lifecycle.plugins.module_utils.ct import history, run_spec
 
 
@@ -173,7 +173,7 @@ def test_the_supervisors_state_counts_and_hang_timeout(lifecycle):
     # learned none yet: the policy's timeout on the gaps seen (3 x 2.5 s, at least the 10 s floor)
     assert one(found, "dflash_supervisor_hang_timeout_seconds") == 10
     # every label served is one the shipped scrape job keeps (metrics.LABELS)
-    assert {key for _name, labels in found for key, _value in labels} == set(metrics.LABELS)
+    assert {key for _name, labels in found for key, _value in labels} <= set(metrics.LABELS)
 
 
 @pytest.mark.parametrize("words, alive, name", [
@@ -231,22 +231,96 @@ def test_a_stop_a_redeploy_and_the_hooks_start_are_kept(tmp_path):
     directory = str(tmp_path)
     stop = {"changed": True, "targets": [{"pid": 5}], "stopped": True, "started_at": 1000.0, "duration_s": 3.2,
             "stopped_by": {"stage": 0, "signal": "SIGINT", "scope": "group"}, "loss": {"steps_lost": 0}}
-    history.record_stop(directory, stop)
+    history.record_stop(directory, stop, "redeploy")
     assert history.read(directory)["stop"] == dict(history.read(directory)["stop"], duration_s=3.2, stage=1,
                                                    signal="SIGINT", steps_lost=0, failed=False)
     # the stop request is stage 0; a stop that found no trainer is no stop of a run
     assert history.stop_facts(dict(stop, stopped_by={"stage": -1, "signal": None, "scope": "request"}))["stage"] == 0
     assert history.stop_facts({"changed": False, "targets": []}) is None
     # healthy 12 s after its wait began, first progress at 4 s of it, the wait ending at 1020: 1012 - 1000
-    history.record_redeploy(directory, stop, {"first_progress_s": 4.0, "healthy_after_s": 12.0}, now=1020.0)
-    history.record_redeploy(directory, stop, {"first_progress_s": None, "healthy_after_s": 12.0}, now=1030.0)
+    history.record_launch(directory, stop, {"first_progress_s": 4.0, "healthy_after_s": 12.0}, now=1020.0)
+    assert history.read(directory)["redeploys"] == {"count": 1, "at": 1020.0, "gpu_idle_s": 12.0}
+    history.record_launch(directory, stop, {"first_progress_s": None, "healthy_after_s": 12.0}, now=1030.0)
     assert history.read(directory)["redeploys"] == {"count": 2, "at": 1030.0, "gpu_idle_s": None}
     history.record_post_start(directory)
     assert time.time() - history.read(directory)["post_start_at"] < 5
-    assert set(history.read(directory)) == {"stop", "redeploys", "post_start_at"}
+    assert set(history.read(directory)) == {"stop", "redeploys", "post_start_at", "totals"}
     # a directory no launch made yet (a CT's first redeploy stops a run started by hand) is made for it
-    history.record_stop(str(tmp_path / "lifecycle"), stop)
+    history.record_stop(str(tmp_path / "lifecycle"), stop, "stop")
     assert history.read(str(tmp_path / "lifecycle"))["stop"]["stage"] == 1
+
+
+def test_the_totals_add_up_over_a_crash_a_hang_a_redeploy_and_a_proxmox_stop(tmp_path):
+    """Each way down counts its steps lost and the GPUs' idle to the next run's first progress line
+    under its cause (a failed launch records nothing: the next healthy one counts the whole idle); a
+    healthy launch with no progress line of its own (a gang member whose ranks log none) ends the
+    idle uncounted."""
+    directory = str(tmp_path)
+
+    def stopped(at, lost):
+        return {"changed": True, "targets": [{"pid": 5}], "stopped": True, "started_at": at, "duration_s": 2.0,
+                "stopped_by": {"stage": 0, "signal": "SIGINT", "scope": "group"}, "loss": {"steps_lost": lost}}
+
+    def back(now, first=4.0, healthy=6.0, stop=None):  # the new run's first line at now - healthy + first
+        history.record_launch(directory, stop, {"first_progress_s": first, "healthy_after_s": healthy}, now=now)
+
+    history.record_crash(directory, 46, 1000.0)
+    back(1020.0)  # first progress at 1018: 18 s idle
+    history.record_stop(directory, stopped(2000.0, 7), "hang")
+    back(2032.0)  # 30 s
+    history.record_stop(directory, stopped(3000.0, 0), "redeploy")
+    back(3012.0, stop=stopped(3000.0, 0))  # 10 s, and a redeploy
+    history.record_stop(directory, stopped(4000.0, 0), "proxmox")
+    back(4302.0)  # its relaunch failed once: the next healthy launch, 300 s after the pre-stop's first signal
+    history.record_crash(directory, None, 5000.0)  # no checkpoint to count from: nothing counted, the idle still is
+    back(5011.0)
+    history.record_crash(directory, 3, 6000.0)
+    history.record_launch(directory, None, {"first_progress_s": None, "healthy_after_s": 5.0}, now=6100.0)
+    totals = history.read(directory)["totals"]
+    assert totals["steps_lost"] == {"crash": 49.0, "hang": 7.0}
+    assert totals["gpu_idle_s"] == {"crash": 27.0, "hang": 30.0, "redeploy": 10.0, "proxmox": 300.0}
+    assert history.read(directory)["redeploys"]["count"] == 1 and "down" not in history.read(directory)
+    served = served_of(directory)
+    assert one(served, "dflash_steps_lost_total", cause="crash") == 49
+    assert one(served, "dflash_gpu_idle_seconds_total", cause="proxmox") == 300
+    assert one(served, "dflash_gpu_idle_seconds_total", cause="stop") == 0  # every cause served, from 0
+
+
+def served_of(directory):
+    return served(metrics.Collector(directory).render())
+
+
+def test_the_runs_tokens_are_its_throughput_over_time_kept_across_processes(lifecycle):
+    """Integrated at each scrape while the run logs progress (at most a minute between two), written to
+    the lifecycle directory, and taken up by the next metrics process where the last one left it."""
+    log = lifecycle.parent / "train.log"
+    collector = metrics.Collector(str(lifecycle))
+    began = os.stat(log).st_mtime
+    first = served(collector.render(now=began + 1))
+    assert one(first, "dflash_run_tokens_total") == 0  # the first scrape starts the count
+    second = served(collector.render(now=began + 16))
+    assert one(second, "dflash_run_tokens_total") == 15 * 118  # 15 s at the last line's 118 tok/s
+    # a new process (the old one killed) goes on from what was kept; a long gap counts a minute at most
+    again = served(metrics.Collector(str(lifecycle)).render(now=began + 100))
+    assert one(again, "dflash_run_tokens_total") == 15 * 118 + 60 * 118
+    # a run whose last progress line is older than its freshness trains nothing
+    stale = served(metrics.Collector(str(lifecycle)).render(now=began + 1000))
+    assert one(stale, "dflash_run_tokens_total") == 75 * 118
+
+
+def test_the_runs_gpus_are_served_with_their_roles_and_the_uuids_the_launch_was_given(lifecycle):
+    spec = json.loads((lifecycle / "run.json").read_text())
+    spec["launch"]["metrics"]["gpu_roles"] = {"target": [0, 1], "drafter": [2]}
+    write(str(lifecycle / "run.json"), spec)
+    record = os.path.join(os.path.dirname(spec["launch"]["pidfile"]), "launch.json")
+    write(record, dict(json.load(open(record)), gpu_uuids={"0": "GPU-aa", "1": "GPU-bb", "2": "GPU-cc"}))
+    found = served(metrics.Collector(str(lifecycle)).render())
+    assert {labels for name, labels in found if name == "dflash_run_gpu_info"} == {
+        frozenset({("gpu", "0"), ("uuid", "GPU-aa"), ("role", "target")}),
+        frozenset({("gpu", "1"), ("uuid", "GPU-bb"), ("role", "target")}),
+        frozenset({("gpu", "2"), ("uuid", "GPU-cc"), ("role", "drafter")})}
+    # every label served is one the shipped scrape job keeps
+    assert {key for _name, labels in found for key, _value in labels} <= set(metrics.LABELS)
 
 
 def test_ensure_starts_the_exporter_and_replaces_one_on_another_address(lifecycle):
@@ -268,18 +342,18 @@ def test_ensure_starts_the_exporter_and_replaces_one_on_another_address(lifecycl
         for port in ports:
             spec["launch"]["metrics"]["listen"] = f"127.0.0.1:{port}"
             write(str(lifecycle / "run.json"), spec)
-            assert metrics.ensure(str(lifecycle), wait_s=20) is None, (lifecycle / "metrics.log").read_text()
+            assert metrics_process.ensure(str(lifecycle), wait_s=20) is None, (lifecycle / "metrics.log").read_text()
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
             assert one(served(body), "dflash_run_step") == 230
-            assert metrics.running(str(lifecycle))[2] == f"127.0.0.1:{port}"
+            assert metrics_process.running(str(lifecycle))[2] == f"127.0.0.1:{port}"
         with pytest.raises(OSError):  # the first address is no longer served
             urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5)
-        first = metrics.running(str(lifecycle))
-        assert metrics.ensure(str(lifecycle)) is None and metrics.running(str(lifecycle)) == first  # nothing to do
+        first = metrics_process.running(str(lifecycle))
+        assert metrics_process.ensure(str(lifecycle)) is None and metrics_process.running(str(lifecycle)) == first  # nothing to do
         del spec["launch"]["metrics"]
         write(str(lifecycle / "run.json"), spec)
-        assert metrics.ensure(str(lifecycle)) is None and metrics.running(str(lifecycle)) is None  # none asked for
+        assert metrics_process.ensure(str(lifecycle)) is None and metrics_process.running(str(lifecycle)) is None  # none asked for
     finally:
-        found = metrics.running(str(lifecycle))
+        found = metrics_process.running(str(lifecycle))
         if found:
             os.kill(found[0], 15)

@@ -175,7 +175,8 @@ def test_a_pre_stop_stops_what_the_locks_holder_left_and_its_supervisor_stands_d
             run_spec.mark(directory, "stopped", "the stop of root@vm ansible-playbook pid 7")
         return None
 
-    def stop(options, lease, record_dir):
+    def stop(options, lease, record_dir, cause):
+        assert cause == "proxmox"  # what the CT's history counts the stop under
         stops.append(run_spec.stood_down(directory, run_spec.read(directory)["launched_at"]))
         return {"msg": "stopped", "stopped_by": {"signal": "SIGINT"}}
 

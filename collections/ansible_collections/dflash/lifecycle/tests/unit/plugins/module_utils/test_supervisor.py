@@ -301,3 +301,34 @@ def test_a_hangs_stop_waits_the_runs_cadence_before_its_last_stage_and_requires_
 ])
 def test_a_supervisors_stop_says_what_it_lost(loss, words):
     assert hang.loss_words({"loss": loss}) == words
+
+
+def test_the_metrics_process_is_started_again_when_it_is_gone_counted_and_held_off_when_it_dies_at_once(
+        tmp_path, monkeypatch):
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent import metrics_process, supervise
+
+    directory = str(tmp_path)
+    _spec(directory, metrics={"listen": "0.0.0.0:9733"})
+    sup = supervision.Supervisor(directory, os.path.join(directory, "agent.zip"))
+    serving, started = [None], []
+    monkeypatch.setattr(metrics_process, "running", lambda d: serving[0])
+    monkeypatch.setattr(metrics_process, "ensure", lambda d, wait_s: started.append(wait_s))
+    keeper = supervise.MetricsKeeper(sup)
+    keeper.tick(1000.0)  # gone: started again at once, without waiting for it
+    assert started == [0] and sup.state["metrics_restarts"] == 1
+    serving[0] = (4242, 1, "0.0.0.0:9733", "x")
+    for now in (1002.0, 1005.0, 1010.0):
+        keeper.tick(now)
+    assert started == [0]  # it serves: looked at every METRICS_EVERY_S, left alone
+    serving[0] = None
+    keeper.tick(1015.0)  # gone again within the back-off of its last start: held off until it ends
+    keeper.tick(1059.0)
+    assert started == [0]
+    keeper.tick(1060.0)
+    assert started == [0, 0] and sup.state["metrics_restarts"] == 2
+    assert "the metrics process on 0.0.0.0:9733 was gone: started again (2 since the launch)" in open(
+        os.path.join(directory, "supervisor.log"), encoding="utf-8").read()
+    assert metrics_process.words(directory, 2) == ("NOT SERVED on 0.0.0.0:9733: its process is gone (the run's "
+                                                   "supervisor starts it again within seconds; a stopped run's comes back "
+                                                   "with its next launch or CT start); the supervisor started it again 2 "
+                                                   "time(s) since the launch")
