@@ -77,9 +77,9 @@ def panels():
                description="The rate of each run's tokens counter: its throughput over the rate's window, not the "
                            "trainer's own."),
         series("Steps lost and GPU idle, by cause", "none",
-               query(f"sum by (cause) (increase(dflash_steps_lost_total{{{CTS}}}[$__rate_interval])) > 0",
+               query(f"sum by (cause) (increase(dflash_steps_lost_total{{{CTS}}}[$__rate_interval]))",
                      "steps lost: {{cause}}"),
-               query(f"sum by (cause) (increase(dflash_gpu_idle_seconds_total{{{CTS}}}[$__rate_interval])) > 0",
+               query(f"sum by (cause) (increase(dflash_gpu_idle_seconds_total{{{CTS}}}[$__rate_interval]))",
                      "GPU idle s: {{cause}}", "B"),
                description="What stops, crashes, hangs, redeploys and Proxmox stops cost: the steps logged and in no "
                            "checkpoint, and the seconds until the next run's first progress line."),
