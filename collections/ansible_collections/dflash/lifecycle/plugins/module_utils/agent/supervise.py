@@ -193,9 +193,10 @@ def ended(sup, watch, how, since):
     traceback = [] if facts["signal"] == "SIGKILL" else progress.traceback_in(watch.log_tail()) or []
     cause = f"crash: the trainer {words}" + (f" ({traceback[-1].strip()})" if traceback else "")
     checkpoint = newest_checkpoint_entry(sup.launch)
-    # the steps of its last progress line past its newest checkpoint: the steps it ran after that line
-    # are in no log
-    lost = watch.last_step - checkpoint[1] if checkpoint and watch.last_step is not None else None
+    # the steps of its last progress line past its newest checkpoint (none when the checkpoint is
+    # newer than the line): the steps it ran after that line are in no log
+    lost = max(0, watch.last_step - checkpoint[1]) \
+        if checkpoint and checkpoint[1] is not None and watch.last_step is not None else None
     end = {"cause": cause, "exit": facts, "traceback": traceback[-12:], "step": watch.last_step,
            "checkpoint": checkpoint[0] if checkpoint else None, "steps_lost": lost, "at": time.time(), "kind": "crash"}
     history.record_crash(sup.directory, lost, end["at"])
