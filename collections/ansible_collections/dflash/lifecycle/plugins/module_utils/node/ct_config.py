@@ -14,13 +14,19 @@ import re
 NET_KEY = re.compile(r"^net(\d+)$")
 
 
+def entries(config_text):
+    """The CT's configuration as a dict of key to value, the first line of a key winning (``pct config``
+    prints each key once)."""
+    found = {}
+    for line in config_text.splitlines():
+        name, _colon, setting = line.partition(":")
+        found.setdefault(name.strip(), setting.strip())
+    return found
+
+
 def value(config_text, key):
     """The value of key in the CT's configuration, or None when it is not set."""
-    for line in config_text.splitlines():
-        name, _colon, found = line.partition(":")
-        if name.strip() == key:
-            return found.strip() or None
-    return None
+    return entries(config_text).get(key) or None
 
 
 def unprivileged(config_text):
@@ -32,11 +38,10 @@ def static_addresses(config_text):
     """The static addresses of the CT's NICs, net0 first, IPv4 before IPv6 on each (``ip=10.1.2.30/24``
     gives 10.1.2.30; ``dhcp``, ``auto`` and ``manual`` give none)."""
     nets = []
-    for line in config_text.splitlines():
-        name, _colon, options = line.partition(":")
-        number = NET_KEY.match(name.strip())
+    for name, options in entries(config_text).items():
+        number = NET_KEY.match(name)
         if number:
-            nets.append((int(number.group(1)), options.strip()))
+            nets.append((int(number.group(1)), options))
     found = []
     for _number, options in sorted(nets):
         fields = dict(part.partition("=")[::2] for part in options.split(","))
