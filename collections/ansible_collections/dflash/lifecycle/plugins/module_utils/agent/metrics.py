@@ -208,6 +208,7 @@ class Collector:
 
         trainer = self._trainer_facts(supervision.read_pidfile(launch["pidfile"]) if launch.get("pidfile") else None)
         found = self._checkpoint_facts(launch, now)
+        state = policy.read_state(self.directory) or {}
         if spec:
             add("dflash_run_info", 1, release=str(spec.get("release") or ""), layout=str(found.get("layout") or ""),
                 launcher=(trainer or {}).get("launcher") or "")
@@ -224,11 +225,12 @@ class Collector:
             add("dflash_run_last_progress_timestamp_seconds", log.at)
             if log.step is not None and found.get("step") is not None:
                 add("dflash_run_steps_since_checkpoint", max(0, log.step - found["step"]))
-            add("dflash_run_tokens_total", self._tokens(now, log if trainer is not None else None))
+            add("dflash_run_tokens_total", self._tokens(now, log if trainer is not None else None,
+                                                        state.get("learned") or {}))
         add("dflash_checkpoint_newest_step", found.get("step"))
         add("dflash_checkpoint_newest_timestamp_seconds", found.get("mtime"))
         add("dflash_checkpoint_interval_steps", found.get("interval"))
-        self._supervisor(add, launch)
+        self._supervisor(add, launch, state)
         record = history.read(self.directory)
         stop = record.get("stop") or {}
         add("dflash_last_stop_timestamp_seconds", stop.get("at"))
@@ -259,8 +261,7 @@ class Collector:
         add("dflash_ct_start_time_seconds", booted)
         return out
 
-    def _supervisor(self, add, launch):
-        state = policy.read_state(self.directory) or {}
+    def _supervisor(self, add, launch, state):
         pid, start = state.get("supervisor"), state.get("supervisor_start")
         alive = bool(pid) and start is not None and proctable.alive((pid, start))
         add("dflash_supervisor_up", alive)
@@ -281,11 +282,11 @@ class Collector:
         add("dflash_supervisor_hang_timeout_seconds", learned.get("timeout_s") or (
             policy.hang_timeout(rules, learned.get("gaps"), float(launch.get("health_timeout") or 300)) if rules else None))
 
-    def _tokens(self, now, log):
+    def _tokens(self, now, log, learned):
         """The run's tokens so far, with its throughput since the last scrape added while it logs
-        progress (log: None while no trainer runs); kept in the lifecycle directory."""
+        progress (log: None while no trainer runs; learned: the supervisor's learned gaps, whose
+        hang bound says how old a figure may be); kept in the lifecycle directory."""
         tokens, at = self.tokens
-        learned = (policy.read_state(self.directory) or {}).get("learned") or {}
         fresh = learned.get("timeout_s") or TOKENS_FRESH_S
         if log is not None and log.figure is not None and log.at is not None and now - log.at < fresh and at:
             tokens += log.figure * min(max(0.0, now - at), TOKENS_STEP_MAX_S)
