@@ -89,7 +89,7 @@ class CTModuleAction(ActionBase):
     before ansible-core or the project reads or shows any of it, the job's takeover code checked
     before the module runs, a lock refusal said by the controller, the payload kept."""
 
-    _answer = None  # the AnswerCheck of the call under way
+    _call = None  # (module, host) of the module call under way, whose answer is checked
 
     def _execute_module(self, module_name=None, module_args=None, tmp=None, task_vars=None, **kwargs):
         name = (module_name or self._task.resolved_action or self._task.action).rpartition(".")[2]
@@ -99,8 +99,7 @@ class CTModuleAction(ActionBase):
             code = checked_takeover(task_vars)
             if code is not None:
                 module_args["lock_takeover"] = code
-        self._answer = untrusted.AnswerCheck(name, task_vars.get("inventory_hostname") or self._play_context.remote_addr
-                                             or "?")
+        self._call = (name, task_vars.get("inventory_hostname") or self._play_context.remote_addr or "?")
         payload_cache.restore(name)
         try:
             return super()._execute_module(module_name, module_args, tmp, task_vars, **kwargs)
@@ -110,13 +109,13 @@ class CTModuleAction(ActionBase):
     def _parse_returned_data(self, res, profile, *args, **kwargs):
         # before ansible-core reads it: it shows a module's warnings and failure raw, finds JSON after
         # any text before it, and takes a failure's words for its error as it parses them
-        if self._answer is not None:
-            self._answer.decoder = get_module_decoder(profile, Direction.MODULE_TO_CONTROLLER)
-            answer = self._answer.answer(res.get("stdout") or "", res.get("stderr") or "", res.get("rc"))
+        if self._call is not None:
+            check = untrusted.AnswerCheck(*self._call, decoder=get_module_decoder(profile, Direction.MODULE_TO_CONTROLLER))
+            answer = check.answer(res.get("stdout") or "", res.get("stderr") or "", res.get("rc"))
             if isinstance(answer.get("lock_held"), dict):  # its fields are in the words, a code only once checked
                 held = answer.pop("lock_held")
                 if answer.get("failed"):  # ansible-core's error says exception's words first: the CT's
                     answer.pop("exception", None)
-                    answer["msg"] = refusal_words(self._answer.host, held)
+                    answer["msg"] = refusal_words(check.host, held)
             res = dict(res, stdout=json.dumps(answer, allow_nan=False), stderr="")
         return super()._parse_returned_data(res, profile, *args, **kwargs)
