@@ -91,7 +91,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    path = os.path.join(params["lifecycle_dir"], "pve-hook.json")
+    path = os.path.join(params["lifecycle_dir"], history.HOOK_MARKER)
     if not module.check_mode:
         try:
             history.mark_hook(params["lifecycle_dir"], params["installed"], params["set_at"])

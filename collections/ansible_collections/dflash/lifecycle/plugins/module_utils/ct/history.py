@@ -46,6 +46,8 @@ def read(directory):
 # a redeploy's, a Proxmox stop, a hang, a gang member's end, a crash
 CAUSES = ("redeploy", "stop", "proxmox", "hang", "peer", "crash")
 TOKENS = "tokens.json"
+# what `make pve-hooks` last did to the CT's hookscript (mark_hook, hook_marker)
+HOOK_MARKER = "pve-hook.json"
 
 
 def _update(directory, change):
@@ -160,7 +162,7 @@ def mark_hook(directory, installed, set_at):
     others: refused, never followed)."""
     os.makedirs(os.path.dirname(directory), 0o755, exist_ok=True)
     secure_dir(directory)
-    path = os.path.join(directory, "pve-hook.json")
+    path = os.path.join(directory, HOOK_MARKER)
     write_atomic(path, json.dumps({"installed": bool(installed), "set_at": set_at}) + "\n", 0o644)
     return path
 
@@ -170,7 +172,7 @@ def hook_marker(directory):
     ``written_at``, the file's modification time, or None. ``set_at`` is the controller's clock;
     ``written_at`` is the node's, which the CT's start time and the post-start's record are on, so
     a controller whose clock runs ahead cannot make a start without the hook read as guarded."""
-    path = os.path.join(directory, "pve-hook.json")
+    path = os.path.join(directory, HOOK_MARKER)
     marker = read_mapping(path)
     if marker is None:
         return None
