@@ -54,19 +54,16 @@ def prometheus_target(name, vmid, node, listen, target="", gang="", addresses=()
 RUNBOOKS = "https://github.com/dflash-lifecycle/dflash-lifecycle/blob/main/docs/runbooks.md"
 
 
-def _label_value(text):
-    """text as a PromQL string literal's content."""
-    return str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def prometheus_target_rules(entries, job="dflash-trainers"):
     """The rule file of a target list (prometheus_target's entries): DflashTargetMissing fires for each
     CT of the list whose target Prometheus does not have - no `up` series for it in the job, from a
     list written by hand, an older one, or one that lost its entry - naming the CT."""
+    from ansible_collections.dflash.lifecycle.plugins.module_utils.agent.metrics import label_value
+
     cts = sorted(entry["labels"]["ct"] for entry in entries)
     if not cts:
         return {"groups": []}
-    expr = " or ".join(f'absent(up{{job="{_label_value(job)}",ct="{_label_value(ct)}"}})' for ct in cts)
+    expr = " or ".join(f'absent(up{{job="{label_value(job)}",ct="{label_value(ct)}"}})' for ct in cts)
     return {"groups": [{"name": "dflash-targets", "rules": [{
         "alert": "DflashTargetMissing", "expr": expr, "for": "5m", "labels": {"severity": "critical"},
         "annotations": {

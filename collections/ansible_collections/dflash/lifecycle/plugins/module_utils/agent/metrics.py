@@ -321,8 +321,9 @@ def ct_start_time():
     return proctable.start_wall_time(proc) if proc else None
 
 
-def _escape(value):
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def label_value(value):
+    """value as a label's value is quoted in Prometheus's text format, and in a PromQL string literal."""
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def render(samples):
@@ -336,7 +337,7 @@ def render(samples):
             continue
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         for labels, value in by_name[name]:
-            label_text = ",".join(f'{key}="{_escape(str(val))}"' for key, val in sorted(labels.items()))
+            label_text = ",".join(f'{key}="{label_value(val)}"' for key, val in sorted(labels.items()))
             lines.append(f"{name}{{{label_text}}} {value!r}" if label_text else f"{name} {value!r}")
     return "\n".join(lines) + "\n"
 
