@@ -98,10 +98,9 @@ class MetricsKeeper:
         self.next_at = now + METRICS_EVERY_S
         if metrics_process.running(self.sup.directory) is not None:
             return
-        if now - self.restarted_at < METRICS_BACKOFF_S:
+        if now - self.restarted_at < METRICS_BACKOFF_S:  # died again within the back-off: look at its end
             self.next_at = self.restarted_at + METRICS_BACKOFF_S
-            if now < self.next_at:
-                return
+            return
         problem = metrics_process.ensure(self.sup.directory, wait_s=0)
         self.restarted_at = now
         count = int(self.sup.state.get("metrics_restarts") or 0) + 1
